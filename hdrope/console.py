@@ -1,0 +1,62 @@
+"""The `hdrope` console script: a lazy dispatcher to the commands each package owns.
+
+Commands are named by "module:function" strings and imported only when run, so `import hdrope`
+pulls in nothing from trainer, sweeps or analysis. A command function takes argv (list[str]) and
+returns an exit code. A ValueError escaping a command is a user error: one line, exit code 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+__all__ = ["BENCHES", "COMMANDS", "main"]
+
+# name -> (target, one-line help). Each package registers its own entries here by string only.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "bases": ("hdrope.commands:bases_main", "table of mixing bases: orthogonality, det, incoherence, K density"),
+    "bench": ("hdrope.console:bench_main", "benchmarks: " + ", ".join(["rotary"])),
+}
+BENCHES: dict[str, tuple[str, str]] = {
+    "rotary": ("hdrope.bench:main", "HD-RoPE kernels vs RoPE and the elementwise floor"),
+}
+
+
+def _load(target: str):
+    module, func = target.split(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def _usage(table: dict[str, tuple[str, str]], prog: str) -> str:
+    width = max(map(len, table))
+    rows = "\n".join(f"  {name:<{width}}  {help_}" for name, (_, help_) in table.items())
+    return f"usage: {prog} <command> [args]\n\ncommands:\n{rows}\n"
+
+
+def _dispatch(table: dict[str, tuple[str, str]], argv: list[str], prog: str) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        sys.stdout.write(_usage(table, prog))
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in table:
+        sys.stderr.write(f"{prog}: unknown command {name!r}; choose one of {', '.join(table)}\n")
+        return 2
+    try:
+        return int(_load(table[name][0])(rest) or 0)
+    except ValueError as err:
+        sys.stderr.write(f"{prog} {name}: error: {err}\n")
+        return 2
+
+
+def bench_main(argv: list[str]) -> int:
+    """`hdrope bench <target>`: run one package's benchmark."""
+    return _dispatch(BENCHES, argv, "hdrope bench")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `hdrope` console script."""
+    return _dispatch(COMMANDS, list(sys.argv[1:] if argv is None else argv), "hdrope")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""Elementwise kernels for out = x·cos + (G·x)·sin, eager or fused with torch.compile.
+
+All kernels take per-channel `cos`, `sin` broadcastable to x (…, seq, head_dim), computed in the
+compute dtype (float64 for float64 inputs, else float32). Backward is the same kernel with −sin,
+because the rotation is orthogonal up to the attention factor: R(m)ᵀ = cos·I − sin·G.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+__all__ = ["Kernel", "make_kernel", "rotate"]
+
+Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _rotate_half_eager(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    x1, x2 = x[..., :h], x[..., h:]
+    c, s = cos[..., :h], sin[..., :h]  # both halves of a pair share one frequency
+    out = torch.empty(torch.broadcast_shapes(x.shape, cos.shape), dtype=x.dtype, device=x.device)
+    o1, o2 = out[..., :h], out[..., h:]
+    torch.mul(x1, c, out=o1)
+    o1.addcmul_(x2, s, value=-1.0)
+    torch.mul(x2, c, out=o2)
+    o2.addcmul_(x1, s)
+    return out
+
+
+def _permute_eager(x, cos, sin, perms, coefs):
+    mixed = x.index_select(-1, perms[0]).mul_(coefs[0])
+    for t in range(1, perms.shape[0]):
+        mixed.addcmul_(x.index_select(-1, perms[t]), coefs[t])
+    return torch.addcmul(x * cos, mixed, sin)
+
+
+def _permute_fused(x, cos, sin, perms, coefs, structure):
+    """Compiled form: partners are built in-graph from constants, so inductor emits index arithmetic."""
+    n, b, r2, shifts, use_xor = structure
+    main = x[..., : n * b].unflatten(-1, (n, b))
+    coord = torch.arange(n, device=x.device)
+    mixed = None
+    for t, s in enumerate(shifts):
+        partner = coord ^ s if use_xor else (coord + s) % n
+        term = main[..., partner, :] * coefs[t, : n * b].unflatten(-1, (n, b))
+        mixed = term if mixed is None else mixed + term
+    mixed = mixed.flatten(-2)
+    if r2:
+        rest = x[..., n * b :]
+        mixed = torch.cat([mixed, -rest[..., r2:], rest[..., :r2]], dim=-1)
+    return x * cos + mixed * sin
+
+
+def _dense(x, cos, sin, gen_t):
+    return torch.addcmul(x * cos, x @ gen_t, sin)
+
+
+def _negated_sin(fn):
+    def mirrored(x, cos, sin, *extra):
+        return fn(x, cos, -sin, *extra)
+
+    return mirrored
+
+
+_EAGER = {"rotate_half": _rotate_half_eager, "permute": _permute_eager, "dense": _dense}
+_FUSED_SRC = {"permute": _permute_fused, "dense": _dense}
+_FUSED: dict[str, Callable] = {}
+
+
+def _fused(impl: str) -> Callable:
+    """One compiled function per impl, shared by all modules; plan data are arguments, not closures."""
+    if impl not in _FUSED:
+        # every (plan structure, shape, dtype) is its own graph; allow a lab's worth of them
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        _FUSED[impl] = torch.compile(_FUSED_SRC[impl], dynamic=False)
+    return _FUSED[impl]
+
+
+def make_kernel(
+    impl: str,
+    *,
+    sign: float = 1.0,
+    perms: torch.Tensor | None = None,
+    coefs: torch.Tensor | None = None,
+    generator: torch.Tensor | None = None,
+    structure: tuple | None = None,
+    fused: bool = False,
+) -> Kernel:
+    """Build the kernel for a mixing plan; fused=True runs it through torch.compile (inductor)."""
+    if impl not in _EAGER:
+        raise ValueError(f"unknown kernel impl {impl!r}")
+    if fused and impl == "rotate_half":  # measured faster than a compiled cat-based rotate_half
+        impl = "permute"
+    fn = _fused(impl) if fused else _EAGER[impl]
+    if impl == "permute":
+        assert perms is not None and coefs is not None
+        extra: tuple = (perms, coefs) + ((structure,) if fused else ())
+    elif impl == "dense":
+        assert generator is not None
+        extra = (generator.t().contiguous(),)
+    else:
+        extra = ()
+        if sign != 1.0:  # the mirror image of RoPE: the angle is negated
+            fn = _negated_sin(fn)
+
+    def kernel(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return fn(x, cos, sin, *extra)
+
+    return kernel
+
+
+class _Rotate(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, cos, sin, kernel):  # type: ignore[override]
+        ctx.save_for_backward(cos, sin)
+        ctx.kernel = kernel
+        return kernel(x.detach(), cos, sin)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        cos, sin = ctx.saved_tensors
+        return ctx.kernel(grad.contiguous(), cos, -sin), None, None, None
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kernel: Kernel) -> torch.Tensor:
+    """Apply a rotation kernel with an exact, allocation-light backward (the transpose rotation)."""
+    if x.requires_grad and torch.is_grad_enabled():
+        return _Rotate.apply(x, cos, sin, kernel)
+    return kernel(x, cos, sin)

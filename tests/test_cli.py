@@ -1,0 +1,72 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args, check=True):
+    proc = subprocess.run([sys.executable, "-m", "hdrope.console", *args], capture_output=True, text=True)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_import_hdrope_pulls_in_no_other_package():
+    others = "('trainer', 'sweeps', 'analysis', 'ray', 'mlflow')"
+    code = f"import sys, hdrope; print([m for m in sys.modules if m.split('.')[0] in {others}])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_bases_table_lists_paley_density():
+    out = run("bases", "--max-n", "32", "--kind", "paley", "--csv").stdout.splitlines()
+    rows = {r.split(",")[1]: r.split(",") for r in out[1:]}
+    assert out[0].startswith("kind,n,")
+    assert rows["4"][5] == "12" and rows["32"][5] == "688"
+    assert "16" not in rows
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["bases", "--max-n", "1"], "--max-n must be"),
+        (["frobnicate"], "unknown command"),
+        (["bench", "warp"], "unknown command"),
+        (["bases", "--kind", "qr"], "invalid choice"),
+    ],
+)
+def test_user_errors_exit_2_with_a_message(args, needle):
+    proc = run(*args, check=False)
+    assert proc.returncode == 2
+    assert needle in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bench_rotary_small_run_reports_ratios(tmp_path):
+    out = tmp_path / "b.json"
+    proc = run(
+        "bench",
+        "rotary",
+        "--shape",
+        "1",
+        "2",
+        "64",
+        "64",
+        "--dims",
+        "4",
+        "--bases",
+        "paley",
+        "--modes",
+        "eager",
+        "--rounds",
+        "2",
+        "--json",
+        str(out),
+    )
+    assert "floor" in proc.stdout
+    data = json.loads(out.read_text())
+    names = {r["name"] for r in data["rows"]}
+    assert names == {"rope", "4D-paley"}
+    rope = next(r for r in data["rows"] if r["name"] == "rope")
+    assert rope["fwd_vs_rope"] == 1.0 and data["floor_ms"] > 0

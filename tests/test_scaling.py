@@ -1,0 +1,112 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from hdrope import HDRotary, validate_scaling
+
+
+def test_linear_scaling_is_position_interpolation():
+    plain = HDRotary(64, 4, 1e4)
+    scaled = HDRotary(64, 4, 1e4, scaling={"rope_type": "linear", "factor": 4.0})
+    np.testing.assert_allclose(scaled.rotation_matrix(400), plain.rotation_matrix(100), atol=1e-12)
+
+
+def test_llama3_keeps_high_and_divides_low_frequencies():
+    cfg = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 256,
+    }
+    rot = HDRotary(64, 4, 5e5, scaling=cfg)
+    base, got = rot.frequencies, rot.scaled_frequencies().freqs
+    wavelen = 2 * math.pi / base
+    np.testing.assert_allclose(got[wavelen < 256 / 4], base[wavelen < 256 / 4])
+    np.testing.assert_allclose(got[wavelen > 256], base[wavelen > 256] / 8)
+    mid = (wavelen >= 64) & (wavelen <= 256)
+    assert np.all(got[mid] <= base[mid]) and np.all(got[mid] >= base[mid] / 8)
+
+
+def test_yarn_ramp_and_attention_factor():
+    cfg = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}
+    rot = HDRotary(64, 2, 1e4, scaling=cfg)
+    sf = rot.scaled_frequencies()
+    assert sf.attention_factor == pytest.approx(0.1 * math.log(4) + 1)
+    assert sf.freqs[0] == rot.frequencies[0]  # fastest frequency extrapolates
+    assert sf.freqs[-1] == pytest.approx(rot.frequencies[-1] / 4)  # slowest interpolates
+    # attention factor scales the whole rotation, as in HF
+    r = rot.rotation_matrix(3)
+    np.testing.assert_allclose(r.T @ r, sf.attention_factor**2 * np.eye(64), atol=1e-12)
+
+
+def test_dynamic_ntk_changes_only_past_original_length():
+    cfg = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 64}
+    rot = HDRotary(32, 4, 1e4, scaling=cfg)
+    plain = HDRotary(32, 4, 1e4)
+    x = torch.randn(1, 1, 64, 32)
+    a, _ = rot(x, x, torch.arange(64))
+    b, _ = plain(x, x, torch.arange(64))
+    torch.testing.assert_close(a, b)
+    longer = rot.scaled_frequencies(seq_len=256).freqs
+    assert longer[0] == 1.0 and np.all(longer[1:] < plain.frequencies[1:])
+
+
+def test_longrope_switches_factor_lists():
+    f = 64 // 4
+    cfg = {
+        "rope_type": "longrope",
+        "short_factor": [1.0] * f,
+        "long_factor": [2.0] * f,
+        "original_max_position_embeddings": 128,
+        "factor": 4.0,
+    }
+    rot = HDRotary(64, 4, 1e4, scaling=cfg)
+    np.testing.assert_allclose(rot.scaled_frequencies(100).freqs, rot.frequencies)
+    np.testing.assert_allclose(rot.scaled_frequencies(500).freqs, rot.frequencies / 2)
+    assert rot.scaled_frequencies(500).attention_factor == pytest.approx(math.sqrt(1 + math.log(4) / math.log(128)))
+
+
+@pytest.mark.parametrize(
+    "cfg,match",
+    [
+        ({"rope_type": "warp", "factor": 2}, "unknown"),
+        ({"rope_type": "linear"}, "missing required key"),
+        ({"rope_type": "linear", "factor": 2, "beta": 1}, r"unknown key\(s\) \['beta'\]"),
+        ({"rope_type": "linear", "factor": 0.5}, "factor=0.5"),
+        ({"rope_type": "linear", "factor": "2"}, "factor must be a number"),
+        ({"rope_type": "yarn", "factor": 2, "original_max_position_embeddings": -1}, "positive integer"),
+        (
+            {
+                "rope_type": "llama3",
+                "factor": 8,
+                "low_freq_factor": 4,
+                "high_freq_factor": 1,
+                "original_max_position_embeddings": 8,
+            },
+            "high_freq_factor",
+        ),
+        ({"factor": 2}, "no rope_type"),
+        ([1, 2], "mapping"),
+    ],
+)
+def test_bad_scaling_names_the_key(cfg, match):
+    with pytest.raises(ValueError, match=match):
+        validate_scaling(cfg)
+
+
+def test_longrope_list_length_is_checked_at_construction():
+    cfg = {
+        "rope_type": "longrope",
+        "short_factor": [1.0] * 32,
+        "long_factor": [1.0] * 32,
+        "original_max_position_embeddings": 128,
+    }
+    with pytest.raises(ValueError, match="one factor per block frequency"):
+        HDRotary(64, 4, 1e4, scaling=cfg)
+
+
+def test_hf_legacy_type_key_is_accepted():
+    assert validate_scaling({"type": "linear", "factor": 2.0})["rope_type"] == "linear"
