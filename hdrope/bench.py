@@ -1,13 +1,14 @@
 """`hdrope bench rotary`: HD-RoPE kernels vs the project's RoPE and the elementwise floor, side by side.
 
-Every variant is timed round-robin in one process (round r times each variant once), and the
-median over rounds is reported, so drift on a shared machine hits all variants alike.
+Every variant is timed round-robin in one process (each round times every variant once, in a
+freshly shuffled order), and the median over rounds is reported, so drift on a shared machine hits all variants alike.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -39,10 +40,13 @@ def _median_round_robin(fns: dict[str, Callable[[], object]], rounds: int) -> di
         fn()
         fn()
     samples: dict[str, list[float]] = {k: [] for k in fns}
+    order = list(fns)
+    rng = random.Random(0)
     for _ in range(rounds):
-        for key, fn in fns.items():
+        rng.shuffle(order)  # no variant always runs right after the same neighbour
+        for key in order:
             t0 = time.perf_counter()
-            fn()
+            fns[key]()
             samples[key].append(time.perf_counter() - t0)
     return {k: statistics.median(v) * 1e3 for k, v in samples.items()}
 
