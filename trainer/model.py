@@ -1,0 +1,163 @@
+"""A compact Llama-3-style decoder with a pluggable position encoding (one readable file).
+
+RMSNorm, SwiGLU, grouped-query attention through F.scaled_dot_product_attention(is_causal=True),
+no biases, N(0, init_std) init (the paper's 0.02), optional depth-scaled output projections and
+tied embeddings. `ModelArgs` sits beside the model, as in torchtitan.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainer.position import PEConfig, PositionEncoding, build_position_encoding
+
+__all__ = ["Llama", "ModelArgs", "validate_model_args"]
+
+
+@dataclass
+class ModelArgs:
+    """Architecture of the decoder; head_dim = dim // n_heads unless given."""
+
+    vocab_size: int = 259
+    dim: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    head_dim: int | None = None
+    ffn_hidden: int = 768
+    norm_eps: float = 1e-5
+    max_seq_len: int = 256
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+    depth_scaled_init: bool = False  # scale wo / w2 init by 1/sqrt(2·n_layers)
+    pe: PEConfig = field(default_factory=PEConfig)
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.dim // self.n_heads
+
+
+def validate_model_args(a: ModelArgs) -> None:
+    """Raise ValueError naming the field, the value and the fix for an impossible architecture."""
+    for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len"):
+        v = getattr(a, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"model.{name} must be a positive integer, got {v!r}")
+    if a.head_dim is None and a.dim % a.n_heads:
+        raise ValueError(f"model.dim={a.dim} is not divisible by model.n_heads={a.n_heads}; set head_dim or change one")
+    if a.n_heads % a.n_kv_heads:
+        raise ValueError(
+            f"model.n_heads={a.n_heads} is not divisible by model.n_kv_heads={a.n_kv_heads}; "
+            "grouped-query attention needs n_kv_heads to divide n_heads"
+        )
+    hd = a.resolved_head_dim
+    if a.pe.kind == "hdrope" and hd % a.pe.rotation_dim:
+        raise ValueError(
+            f"model.pe.rotation_dim={a.pe.rotation_dim} does not divide head_dim={hd}; "
+            f"choose a rotation_dim that divides {hd} (leftover channels are only for direct HDRotary use)"
+        )
+    build_position_encoding(a.pe, hd)  # validates theta, basis, scaling
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+class Attention(nn.Module):
+    def __init__(self, a: ModelArgs) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = a.n_heads, a.n_kv_heads, a.resolved_head_dim
+        self.wq = nn.Linear(a.dim, a.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(a.dim, a.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(a.dim, a.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(a.n_heads * self.head_dim, a.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, pe: PositionEncoding, tables: object) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.wq(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = pe.rotate(q, k, tables)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        return self.wo(y.transpose(1, 2).reshape(b, s, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, a: ModelArgs) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(a.dim, a.ffn_hidden, bias=False)
+        self.w3 = nn.Linear(a.dim, a.ffn_hidden, bias=False)
+        self.w2 = nn.Linear(a.ffn_hidden, a.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, a: ModelArgs) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(a.dim, a.norm_eps)
+        self.attention = Attention(a)
+        self.ffn_norm = RMSNorm(a.dim, a.norm_eps)
+        self.feed_forward = FeedForward(a)
+
+    def forward(self, x: torch.Tensor, pe: PositionEncoding, tables: object) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), pe, tables)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Llama(nn.Module):
+    """Decoder-only transformer; forward(tokens, positions=None) returns logits (batch, seq, vocab)."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        validate_model_args(args)
+        self.args = args
+        self.pe = build_position_encoding(args.pe, args.resolved_head_dim)
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        if args.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """N(0, init_std) for every matrix (depth-scaled for wo/w2 when enabled); norms at 1."""
+        std = self.args.init_std
+        out_std = std / math.sqrt(2 * self.args.n_layers) if self.args.depth_scaled_init else std
+        for name, p in self.named_parameters():
+            if p.dim() == 1:
+                p.fill_(1.0)
+            elif name.endswith(("wo.weight", "w2.weight")):
+                nn.init.normal_(p, 0.0, out_std)
+            else:
+                nn.init.normal_(p, 0.0, std)
+
+    def num_params(self, include_embeddings: bool = True) -> int:
+        """Parameter count (tied weights counted once)."""
+        n = sum(p.numel() for p in self.parameters())
+        return n if include_embeddings else n - self.tok_embeddings.weight.numel()
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        b, s = tokens.shape
+        if positions is None:
+            positions = torch.arange(s, device=tokens.device)
+        h = self.tok_embeddings(tokens)
+        tables = self.pe.tables(positions, h.dtype)
+        for layer in self.layers:
+            h = layer(h, self.pe, tables)
+        return self.output(self.norm(h))
