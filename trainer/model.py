@@ -153,9 +153,10 @@ class Llama(nn.Module):
         return n if include_embeddings else n - self.tok_embeddings.weight.numel()
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        b, s = tokens.shape
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must be (batch, seq) integer ids, got shape {tuple(tokens.shape)}")
         if positions is None:
-            positions = torch.arange(s, device=tokens.device)
+            positions = torch.arange(tokens.shape[1], device=tokens.device)
         h = self.tok_embeddings(tokens)
         tables = self.pe.tables(positions, h.dtype)
         for layer in self.layers:
