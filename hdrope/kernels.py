@@ -36,7 +36,7 @@ def _permute_eager(x, cos, sin, perms, coefs):
     return torch.addcmul(x * cos, mixed, sin)
 
 
-def _permute_fused(x, cos, sin, perms, coefs, structure):
+def _permute_fused(x, cos, sin, coefs, structure):
     """Compiled form: partners are built in-graph from constants, so inductor emits index arithmetic."""
     n, b, r2, shifts, use_xor = structure
     main = x[..., : n * b].unflatten(-1, (n, b))
@@ -96,7 +96,7 @@ def make_kernel(
     fn = _fused(impl) if fused else _EAGER[impl]
     if impl == "permute":
         assert perms is not None and coefs is not None
-        extra: tuple = (perms, coefs) + ((structure,) if fused else ())
+        extra: tuple = (coefs, structure) if fused else (perms, coefs)
     elif impl == "dense":
         assert generator is not None
         extra = (generator.t().contiguous(),)
