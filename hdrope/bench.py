@@ -1,7 +1,8 @@
 """`hdrope bench rotary`: HD-RoPE kernels vs the project's RoPE and the elementwise floor, side by side.
 
 Every variant is timed round-robin in one process (each round times every variant once, in a
-freshly shuffled order), and the median over rounds is reported, so drift on a shared machine hits all variants alike.
+freshly shuffled order), and the median over rounds is reported, so drift on a shared machine
+hits all variants alike.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SCALING_TYPES", "ScaledFrequencies", "scale_frequencies", "validate_scaling"]
+__all__ = ["SCALING_TYPES", "ScaledFrequencies", "is_seq_dependent", "scale_frequencies", "validate_scaling"]
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,11 @@ class ModelArgs:
         return self.head_dim if self.head_dim is not None else self.dim // self.n_heads
 
 
-def validate_model_args(a: ModelArgs) -> None:
-    """Raise ValueError naming the field, the value and the fix for an impossible architecture."""
+def validate_model_args(a: ModelArgs) -> PositionEncoding:
+    """Raise ValueError naming the field, the value and the fix for an impossible architecture.
+
+    Returns the position encoding it had to build to validate theta, basis and scaling.
+    """
     for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len"):
         v = getattr(a, name)
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -61,7 +64,7 @@ def validate_model_args(a: ModelArgs) -> None:
             f"model.pe.rotation_dim={a.pe.rotation_dim} does not divide head_dim={hd}; "
             f"choose a rotation_dim that divides {hd} (leftover channels are only for direct HDRotary use)"
         )
-    build_position_encoding(a.pe, hd)  # validates theta, basis, scaling
+    return build_position_encoding(a.pe, hd)
 
 
 class RMSNorm(nn.Module):
@@ -123,9 +126,8 @@ class Llama(nn.Module):
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
-        validate_model_args(args)
+        self.pe = validate_model_args(args)
         self.args = args
-        self.pe = build_position_encoding(args.pe, args.resolved_head_dim)
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)

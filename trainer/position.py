@@ -7,7 +7,7 @@ forward pass) and `rotate(q, k, tables)`. Adding a baseline means adding one reg
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -28,7 +28,6 @@ class PEConfig:
     seed: int = 0  # seed of the random basis
     scaling: dict[str, Any] | None = None  # HF rope_scaling keys
     fused: bool = False  # torch.compile the rotary kernel
-    extra: dict[str, Any] = field(default_factory=dict)  # for encodings that need more knobs
 
 
 class PositionEncoding(Protocol):
