@@ -8,6 +8,7 @@ returns an exit code. A ValueError escaping a command is a user error: one line,
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 __all__ = ["BENCHES", "COMMANDS", "main"]
@@ -55,7 +56,11 @@ def bench_main(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `hdrope` console script."""
-    return _dispatch(COMMANDS, list(sys.argv[1:] if argv is None else argv), "hdrope")
+    try:
+        return _dispatch(COMMANDS, list(sys.argv[1:] if argv is None else argv), "hdrope")
+    except BrokenPipeError:  # the reader went away (`hdrope bases | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -43,6 +43,16 @@ def test_user_errors_exit_2_with_a_message(args, needle):
     assert "Traceback" not in proc.stderr
 
 
+def test_output_piped_into_a_reader_that_stops_early_is_not_a_traceback():
+    cmd = [sys.executable, "-m", "hdrope.console", "bases", "--max-n", "64"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+    assert proc.stdout.read(10)  # like `| head`: read a little, then hang up
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 0
+    assert "Traceback" not in err
+
+
 def test_bench_rotary_small_run_reports_ratios(tmp_path):
     out = tmp_path / "b.json"
     proc = run(
