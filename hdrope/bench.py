@@ -19,7 +19,7 @@ import torch
 
 from hdrope.rotary import HDRotary
 
-__all__ = ["BenchRow", "main", "run_rotary_bench"]
+__all__ = ["BenchRow", "main", "median_round_robin", "run_rotary_bench"]
 
 
 @dataclass
@@ -36,7 +36,8 @@ class BenchRow:
     fwdbwd_vs_rope: float = float("nan")
 
 
-def _median_round_robin(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+def median_round_robin(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+    """Median wall time (ms) of each callable, timed round-robin in a shuffled order each round."""
     for fn in fns.values():  # warm-up (and compile) twice
         fn()
         fn()
@@ -79,8 +80,8 @@ def run_rotary_bench(
             impls[key] = rot.plan.impl
             fwd[key] = lambda rot=rot, cos=cos, sin=sin: rot.apply(x, cos, sin)
             bwd[key] = lambda rot=rot, cos=cos, sin=sin: rot.apply(xg, cos, sin).backward(grad)
-    t_fwd = _median_round_robin(fwd, rounds)
-    t_bwd = _median_round_robin(bwd, rounds)
+    t_fwd = median_round_robin(fwd, rounds)
+    t_bwd = median_round_robin(bwd, rounds)
     floor = t_fwd.pop("floor")
     rows = []
     for key, ms in t_fwd.items():

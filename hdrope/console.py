@@ -16,10 +16,12 @@ __all__ = ["BENCHES", "COMMANDS", "main"]
 # name -> (target, one-line help). Each package registers its own entries here by string only.
 COMMANDS: dict[str, tuple[str, str]] = {
     "bases": ("hdrope.commands:bases_main", "table of mixing bases: orthogonality, det, incoherence, K density"),
-    "bench": ("hdrope.console:bench_main", "benchmarks: " + ", ".join(["rotary"])),
+    "train": ("trainer.cli:train_main", "train one model from a preset or YAML plus key=value overrides"),
+    "bench": ("hdrope.console:bench_main", "benchmarks: " + ", ".join(["rotary", "train"])),
 }
 BENCHES: dict[str, tuple[str, str]] = {
     "rotary": ("hdrope.bench:main", "HD-RoPE kernels vs RoPE and the elementwise floor"),
+    "train": ("trainer.bench:main", "training step time of RoPE vs HD-RoPE, tokens/s vs HF Llama, MFU"),
 }
 
 

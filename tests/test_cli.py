@@ -80,3 +80,19 @@ def test_bench_rotary_small_run_reports_ratios(tmp_path):
     assert names == {"rope", "4D-paley"}
     rope = next(r for r in data["rows"] if r["name"] == "rope")
     assert rope["fwd_vs_rope"] == 1.0 and data["floor_ms"] > 0
+
+
+def test_import_trainer_pulls_in_no_ray_or_sweeps():
+    code = ("import sys, trainer.loop; "
+            "print([m for m in sys.modules if m.split('.')[0] in ('sweeps', 'ray', 'analysis')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_bench_train_prints_side_by_side_ratios():
+    out = run("bench", "train", "--preset", "tiny", "--dims", "4", "--rounds", "2", "--batch", "2", "--json").stdout
+    res = json.loads(out)
+    rows = {r["variant"]: r for r in res["rows"]}
+    assert set(rows) == {"rope", "4D-paley", "4D-paley-fused", "hf-llama"}
+    assert rows["rope"]["vs_rope"] == 1.0 and rows["4D-paley"]["step_ms"] > 0
+    assert rows["hf-llama"]["vs_hf_tokens_per_s"] == 1.0 and 0 < rows["rope"]["mfu"] < 5

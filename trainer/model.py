@@ -16,7 +16,7 @@ from torch import nn
 
 from trainer.position import PEConfig, PositionEncoding, build_position_encoding
 
-__all__ = ["Llama", "ModelArgs", "validate_model_args"]
+__all__ = ["KVCache", "Llama", "ModelArgs", "validate_model_args"]
 
 
 @dataclass
@@ -67,6 +67,12 @@ def validate_model_args(a: ModelArgs) -> PositionEncoding:
     return build_position_encoding(a.pe, hd)
 
 
+@dataclass
+class _Context:
+    cache: KVCache | None = None
+    capture: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -78,22 +84,54 @@ class RMSNorm(nn.Module):
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
 
+class KVCache:
+    """Rotated keys and values per layer for incremental decoding; `length` is the cached prefix."""
+
+    def __init__(self, n_layers: int) -> None:
+        self.kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * n_layers
+
+    @property
+    def length(self) -> int:
+        first = self.kv[0]
+        return 0 if first is None else first[0].shape[2]
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        past = self.kv[layer]
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        self.kv[layer] = (k, v)
+        return k, v
+
+
 class Attention(nn.Module):
-    def __init__(self, a: ModelArgs) -> None:
+    def __init__(self, a: ModelArgs, layer: int) -> None:
         super().__init__()
+        self.layer = layer
         self.n_heads, self.n_kv_heads, self.head_dim = a.n_heads, a.n_kv_heads, a.resolved_head_dim
         self.wq = nn.Linear(a.dim, a.n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(a.dim, a.n_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(a.dim, a.n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(a.n_heads * self.head_dim, a.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, pe: PositionEncoding, tables: object) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pe: PositionEncoding, tables: object, ctx: _Context) -> torch.Tensor:
         b, s, _ = x.shape
         q = self.wq(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = pe.rotate(q, k, tables)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        past = 0
+        if ctx.cache is not None:
+            prev = ctx.cache.kv[self.layer]
+            past = 0 if prev is None else prev[0].shape[2]
+            k, v = ctx.cache.update(self.layer, k, v)
+        if ctx.capture is not None:
+            ctx.capture[self.layer] = (q, k)
+        gqa = self.n_kv_heads != self.n_heads
+        if past == 0:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:  # queries sit at the end of the keys: causal mask aligned bottom-right
+            mask = torch.ones(s, past + s, dtype=torch.bool, device=x.device).tril(diagonal=past)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         return self.wo(y.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -109,15 +147,15 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, a: ModelArgs) -> None:
+    def __init__(self, a: ModelArgs, layer: int) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(a.dim, a.norm_eps)
-        self.attention = Attention(a)
+        self.attention = Attention(a, layer)
         self.ffn_norm = RMSNorm(a.dim, a.norm_eps)
         self.feed_forward = FeedForward(a)
 
-    def forward(self, x: torch.Tensor, pe: PositionEncoding, tables: object) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), pe, tables)
+    def forward(self, x: torch.Tensor, pe: PositionEncoding, tables: object, ctx: _Context) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), pe, tables, ctx)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -129,7 +167,7 @@ class Llama(nn.Module):
         self.pe = validate_model_args(args)
         self.args = args
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        self.layers = nn.ModuleList(Block(args, i) for i in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_embeddings:
@@ -154,13 +192,23 @@ class Llama(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n if include_embeddings else n - self.tok_embeddings.weight.numel()
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        capture: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
+    ) -> torch.Tensor:
+        """Logits for tokens (batch, seq). With a cache, tokens continue the cached prefix (positions
+        default to follow it). With capture, each layer stores its rotated (q, k) under its index."""
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be (batch, seq) integer ids, got shape {tuple(tokens.shape)}")
         if positions is None:
-            positions = torch.arange(tokens.shape[1], device=tokens.device)
+            start = cache.length if cache is not None else 0
+            positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
         h = self.tok_embeddings(tokens)
         tables = self.pe.tables(positions, h.dtype)
+        ctx = _Context(cache, capture)
         for layer in self.layers:
-            h = layer(h, self.pe, tables)
+            h = layer(h, self.pe, tables, ctx)
         return self.output(self.norm(h))

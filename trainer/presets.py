@@ -1,7 +1,8 @@
-"""Model presets from `experiments/*.yaml`, merged into the `ModelArgs` structured config (OmegaConf).
+"""Presets from `experiments/*.yaml`, merged into the `RunConfig` structured config (OmegaConf).
 
-A preset file has a top-level `model:` mapping. Overrides are dotted `key=value` strings
-(`model.pe.rotation_dim=8`), parsed by OmegaConf as YAML scalars, never evaluated.
+A preset file holds any of the RunConfig sections (`model:`, `data:`, `optim:`, `train:`, `eval:`,
+`dump:`). Overrides are dotted `key=value` strings (`model.pe.rotation_dim=8`), parsed by OmegaConf
+as YAML scalars, never evaluated.
 """
 
 from __future__ import annotations
@@ -12,20 +13,22 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from trainer.model import ModelArgs, validate_model_args
+from trainer.config import RunConfig, validate_config
+from trainer.model import ModelArgs
 
-__all__ = ["EXPERIMENTS_DIR", "available_presets", "load_model_args"]
+__all__ = ["EXPERIMENTS_DIR", "available_presets", "load_config", "load_model_args", "merge_config"]
 
 EXPERIMENTS_DIR = Path(__file__).resolve().parent.parent / "experiments"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def available_presets() -> list[str]:
-    """Preset names shipped in experiments/."""
+    """Preset names shipped in experiments/ (paper-table configs live in subfolders)."""
     return sorted(p.stem for p in EXPERIMENTS_DIR.glob("*.yaml"))
 
 
-def _preset_path(name_or_path: str) -> Path:
+def preset_path(name_or_path: str) -> Path:
+    """Resolve a preset name (experiments/NAME.yaml) or a YAML path; ValueError when missing or unsafe."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml"):
         if not path.is_file():
@@ -39,19 +42,40 @@ def _preset_path(name_or_path: str) -> Path:
     return path
 
 
-def load_model_args(name_or_path: str, overrides: list[str] | None = None) -> ModelArgs:
-    """Load a preset (name in experiments/ or a YAML path), apply overrides, validate, return ModelArgs."""
-    path = _preset_path(name_or_path)
-    raw = OmegaConf.load(path)
-    extra = sorted(set(raw.keys()) - {"model"})
-    if extra:
-        raise ValueError(f"{path.name}: unknown top-level key(s) {extra}; a preset holds a 'model:' mapping")
-    schema = OmegaConf.create({"model": OmegaConf.structured(ModelArgs)})
+def _check_overrides(overrides: list[str]) -> None:
+    for item in overrides:
+        if "=" not in item or not item.split("=", 1)[0].strip():
+            raise ValueError(f"override {item!r} is not key=value; write e.g. model.pe.rotation_dim=8")
+
+
+def merge_config(layers: list, where: str = "config") -> RunConfig:
+    """Merge OmegaConf layers (dicts/DictConfigs) onto the RunConfig schema; ValueError names the bad key."""
+    schema = OmegaConf.structured(RunConfig)
     try:
-        merged = OmegaConf.merge(schema, raw, OmegaConf.from_dotlist(list(overrides or [])))
+        merged = OmegaConf.merge(schema, *layers)
+        cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or "?"
-        raise ValueError(f"{path.name}: bad config key or value at {key!r}: {str(err).splitlines()[0]}") from None
-    args = OmegaConf.to_object(merged)["model"]
-    validate_model_args(args)
-    return args
+        raise ValueError(f"{where}: bad config key or value at {key!r}: {str(err).splitlines()[0]}") from None
+    assert isinstance(cfg, RunConfig)
+    return cfg
+
+
+def load_config(name_or_path: str, overrides: list[str] | None = None, validate: bool = True) -> RunConfig:
+    """Load a preset (name in experiments/ or a YAML path), apply key=value overrides, validate, return it."""
+    path = preset_path(name_or_path)
+    overrides = list(overrides or [])
+    _check_overrides(overrides)
+    try:
+        raw = OmegaConf.load(path)
+    except Exception as err:  # a YAML syntax error is a user error
+        raise ValueError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
+    cfg = merge_config([raw, OmegaConf.from_dotlist(overrides)], where=path.name)
+    if validate:
+        validate_config(cfg)
+    return cfg
+
+
+def load_model_args(name_or_path: str, overrides: list[str] | None = None) -> ModelArgs:
+    """The validated `model` section of a preset."""
+    return load_config(name_or_path, overrides).model

@@ -1,0 +1,165 @@
+"""The training loop on the tiny preset and real Shakespeare: determinism, exact resume, failures, metrics."""
+
+import itertools
+import json
+import subprocess
+import sys
+
+import pytest
+
+from trainer.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from trainer.config import OptimConfig, config_errors, config_hash
+from trainer.loop import TrainingDiverged, train
+from trainer.model import Llama
+from trainer.optim import lr_at
+from trainer.reporting import Reporter
+
+FAST = ["eval.passkey.enabled=false", "eval.extrapolation_batches=0"]
+METRICS = {"train_loss", "val_loss", "val_bpb", "tokens_per_s", "mfu", "val_loss_x2", "val_loss_x4", "val_loss_x8",
+           "passkey_acc"}
+
+
+class Interrupt(Exception):
+    pass
+
+
+class StopAt(Reporter):
+    """Simulates a crash after `step` steps (after that step's checkpoint was written)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def checkpoint(self, step, path, metrics):
+        if step == self.step:
+            raise Interrupt(step)
+
+
+def test_same_seed_same_loss_curve_and_metric_names(tiny_cfg):
+    a = train(tiny_cfg("train.steps=20", out="a"))
+    b = train(tiny_cfg("train.steps=20", out="b"))
+    assert a.losses == b.losses and len(a.losses) == 20
+    assert a.losses[-1] < a.losses[0] - 1.0  # it learns
+    assert METRICS <= set(a.metrics)
+    c = train(tiny_cfg("train.steps=20", "train.seed=7", out="c"))
+    assert c.losses != a.losses
+    lines = [json.loads(x) for x in (a.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines if "lr" in x] == [10, 20] and "val_loss_x8" in lines[-1]
+    assert all(0 < x["mfu"] < 5 for x in lines if "mfu" in x)
+
+
+def test_resume_continues_exactly(tiny_cfg):
+    overrides = ["train.steps=24", "train.ckpt_every=8", *FAST]
+    whole = train(tiny_cfg(*overrides, out="whole"))
+    with pytest.raises(Interrupt):
+        train(tiny_cfg(*overrides, out="cut"), StopAt(16))
+    assert latest_checkpoint(whole.run_dir.parent / "cut" / "checkpoints").name == "step_00000016"
+    resumed = train(tiny_cfg(*overrides, out="cut"))
+    assert resumed.resumed_from == 16
+    assert resumed.losses == whole.losses  # bitwise, step by step
+    assert resumed.metrics["val_loss"] == whole.metrics["val_loss"]
+
+
+def test_keep_last_prunes_old_checkpoints(tiny_cfg):
+    r = train(tiny_cfg("train.steps=20", "train.ckpt_every=4", "train.keep_last=2", *FAST))
+    names = [p.name for p in list_checkpoints(r.run_dir / "checkpoints")]
+    assert names == ["step_00000016", "step_00000020"]
+
+
+def test_corrupt_checkpoint_is_a_clear_error(tiny_cfg):
+    r = train(tiny_cfg("train.steps=4", *FAST))
+    weights = r.checkpoint / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    model = Llama(tiny_cfg().model)
+    with pytest.raises(ValueError, match=r"model\.safetensors is truncated or corrupt"):
+        load_checkpoint(r.checkpoint, model)
+    (r.checkpoint / "manifest.json").unlink()
+    with pytest.raises(ValueError, match=r"no manifest\.json"):
+        load_checkpoint(r.checkpoint, model)
+
+
+def test_nan_loss_stops_and_names_the_step(tiny_cfg):
+    with pytest.raises(TrainingDiverged, match=r"loss is (nan|inf) at step [12] "):
+        train(tiny_cfg("model.init_std=1e30", *FAST))
+
+
+def test_sgd_and_bf16_run(tiny_cfg):
+    r = train(tiny_cfg("train.steps=6", "optim.name=sgd", "optim.momentum=0.9", "optim.lr=0.1", *FAST, out="sgd"))
+    assert all(map(lambda x: x == x, r.losses))
+    b = train(tiny_cfg("train.steps=6", "train.dtype=bf16", *FAST, out="bf16"))
+    assert abs(b.losses[0] - r.losses[0]) < 0.05  # same data, same init, bf16 rounding only
+
+
+def test_passkey_table_and_mixture(tiny_cfg):
+    import pyarrow.parquet as pq
+
+    r = train(tiny_cfg("train.steps=4", "model.max_seq_len=160", "data.passkey_ratio=0.5",
+                       "eval.passkey.length_factors=[1.0,2.0]", "eval.extrapolation_batches=0"))
+    t = pq.read_table(r.artifacts["passkey"]).to_pylist()
+    assert len(t) == 2 * 3  # length factors x depths x samples
+    assert {row["rotation_dim"] for row in t} == {4} and all(row["length"] <= 320 for row in t)
+    assert [row["depth_target"] for row in t[:3]] == [0.0, 0.5, 1.0]
+    assert t[0]["depth"] == 0.0 < t[1]["depth"] < t[2]["depth"] == 1.0
+    assert r.metrics["passkey_acc"] == sum(row["correct"] for row in t) / len(t)
+
+
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (["data.corpus=files", "data.paths=[SMALL]", "model.max_seq_len=4096"], r"model.max_seq_len \(training\)"),
+        (["eval.extrapolation_batches=1", "eval.extrapolation=[2,100000]"], "eval.extrapolation needs windows"),
+        (["data.corpus=files", "data.paths=[/nonexistent/*.txt]"], "matches no file"),
+        (["data.tokenizer=bpe", "data.bpe_vocab_size=300"], "model.vocab_size=259 is smaller"),
+    ],
+)
+def test_data_dependent_errors_name_the_field(tiny_cfg, tmp_path, overrides, match):
+    (tmp_path / "small.txt").write_text("a few words of text " * 150)
+    overrides = [o.replace("SMALL", str(tmp_path / "small.txt")) for o in overrides]
+    with pytest.raises(ValueError, match=match):
+        train(tiny_cfg(*FAST, *overrides))
+
+
+def test_config_errors_lists_every_problem(tiny_cfg):
+    cfg = tiny_cfg()
+    cfg.optim.name, cfg.train.steps, cfg.dump.layers = "lion", 0, [7]
+    errors = config_errors(cfg)
+    assert len(errors) == 3
+    assert any("optim.name='lion'" in e for e in errors) and any("dump.layers" in e for e in errors)
+
+
+def test_config_hash_ignores_output_paths(tiny_cfg):
+    assert config_hash(tiny_cfg(out="x")) == config_hash(tiny_cfg(out="y"))
+    assert config_hash(tiny_cfg()) != config_hash(tiny_cfg("model.pe.theta=500000"))
+
+
+def test_lr_schedule_shape():
+    cfg = OptimConfig(lr=1e-4, warmup_start_lr=1e-6, final_lr=1e-6, warmup_steps=10, schedule="cosine")
+    lrs = [lr_at(s, cfg, 100) for s in range(100)]
+    assert lrs[0] == pytest.approx(1e-6 + (1e-4 - 1e-6) / 10) and lrs[9] == pytest.approx(1e-4)
+    assert all(a >= b for a, b in itertools.pairwise(lrs[9:]))  # non-increasing after warmup
+    assert lr_at(100, cfg, 100) == pytest.approx(1e-6)
+    cfg.schedule = "linear"
+    assert lr_at(55, cfg, 100) == pytest.approx(1e-6 + (1e-4 - 1e-6) * 0.5)
+
+
+def test_cli_train_logs_to_mlflow(tmp_path, cache_dir):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cmd = [sys.executable, "-m", "hdrope.console", "train", "tiny", "train.steps=10", f"data.cache_dir={cache_dir}",
+           f"train.out_dir={tmp_path / 'run'}", *FAST, "--tracking-uri", uri, "--no-progress"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["step"] == 10
+    import mlflow
+
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name("hdrope-train")
+    (run,) = client.search_runs([exp.experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["model.pe.rotation_dim"] == "4"
+    assert len(client.get_metric_history(run.info.run_id, "train_loss")) >= 2
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"config", "result"}
+
+
+def test_cli_user_errors_exit_2(cache_dir):
+    cmd = [sys.executable, "-m", "hdrope.console", "train", "tiny", "model.pe.rotation_dim=5"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "model.pe.rotation_dim=5" in out.stderr and "Traceback" not in out.stderr

