@@ -17,11 +17,14 @@ __all__ = ["BENCHES", "COMMANDS", "main"]
 COMMANDS: dict[str, tuple[str, str]] = {
     "bases": ("hdrope.commands:bases_main", "table of mixing bases: orthogonality, det, incoherence, K density"),
     "train": ("trainer.cli:train_main", "train one model from a preset or YAML plus key=value overrides"),
-    "bench": ("hdrope.console:bench_main", "benchmarks: " + ", ".join(["rotary", "train"])),
+    "sweep": ("sweeps.cli:sweep_main", "plan|run|submit|status|logs|resume|results of Ray Tune sweeps"),
+    "ui": ("sweeps.cli:ui_main", "MLflow UI on 127.0.0.1 for a sweep's tracking store"),
+    "bench": ("hdrope.console:bench_main", "benchmarks: " + ", ".join(["rotary", "train", "sweep"])),
 }
 BENCHES: dict[str, tuple[str, str]] = {
     "rotary": ("hdrope.bench:main", "HD-RoPE kernels vs RoPE and the elementwise floor"),
     "train": ("trainer.bench:main", "training step time of RoPE vs HD-RoPE, tokens/s vs HF Llama, MFU"),
+    "sweep": ("sweeps.bench:main", "an 8-cell tiny grid under Ray Tune vs back to back in one process"),
 }
 
 

@@ -16,7 +16,15 @@ from omegaconf.errors import OmegaConfBaseException
 from trainer.config import RunConfig, validate_config
 from trainer.model import ModelArgs
 
-__all__ = ["EXPERIMENTS_DIR", "available_presets", "load_config", "load_model_args", "merge_config"]
+__all__ = [
+    "EXPERIMENTS_DIR",
+    "available_presets",
+    "load_config",
+    "load_model_args",
+    "merge_config",
+    "preset_layer",
+    "preset_path",
+]
 
 EXPERIMENTS_DIR = Path(__file__).resolve().parent.parent / "experiments"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -61,16 +69,21 @@ def merge_config(layers: list, where: str = "config") -> RunConfig:
     return cfg
 
 
-def load_config(name_or_path: str, overrides: list[str] | None = None, validate: bool = True) -> RunConfig:
-    """Load a preset (name in experiments/ or a YAML path), apply key=value overrides, validate, return it."""
+def preset_layer(name_or_path: str):
+    """The raw OmegaConf mapping of a preset file (not yet merged onto the schema)."""
     path = preset_path(name_or_path)
-    overrides = list(overrides or [])
-    _check_overrides(overrides)
     try:
-        raw = OmegaConf.load(path)
+        return OmegaConf.load(path)
     except Exception as err:  # a YAML syntax error is a user error
         raise ValueError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
-    cfg = merge_config([raw, OmegaConf.from_dotlist(overrides)], where=path.name)
+
+
+def load_config(name_or_path: str, overrides: list[str] | None = None, validate: bool = True) -> RunConfig:
+    """Load a preset (name in experiments/ or a YAML path), apply key=value overrides, validate, return it."""
+    overrides = list(overrides or [])
+    _check_overrides(overrides)
+    raw = preset_layer(name_or_path)
+    cfg = merge_config([raw, OmegaConf.from_dotlist(overrides)], where=Path(name_or_path).name)
     if validate:
         validate_config(cfg)
     return cfg

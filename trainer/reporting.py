@@ -96,7 +96,10 @@ class MLflowReporter(Reporter):
 
         self.client = mlflow.MlflowClient(tracking_uri)
         exp = self.client.get_experiment_by_name(experiment)
-        exp_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
+        location = None
+        if tracking_uri.startswith("sqlite:///"):  # keep artifacts beside the database, not in ./mlruns
+            location = (Path(tracking_uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
+        exp_id = exp.experiment_id if exp else self.client.create_experiment(experiment, artifact_location=location)
         self.run_id = self.client.create_run(exp_id, run_name=run_name, tags=tags or {}).info.run_id
 
     def start(self, run_dir, params, total_steps, start_step):

@@ -1,0 +1,57 @@
+"""The driver-side Ray Tune callback that writes MLflow: the driver is the only writer of the store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ray import tune
+
+from sweeps.tracking import SweepTracker
+from sweeps.trainable import resolve_cell
+from trainer.config import config_hash, flatten_config
+
+__all__ = ["TrackingCallback"]
+
+
+class TrackingCallback(tune.Callback):
+    """Maps each trial to its cell's one MLflow run and logs metrics, status and artifacts there."""
+
+    def __init__(self, uri: str, payload: dict[str, Any]) -> None:
+        self.uri, self.payload = uri, payload
+        self._tracker: SweepTracker | None = None
+
+    def __getstate__(self) -> dict[str, Any]:  # Tune pickles callbacks with the experiment state
+        return {"uri": self.uri, "payload": self.payload, "_tracker": None}
+
+    @property
+    def tracker(self) -> SweepTracker:
+        if self._tracker is None:
+            self._tracker = SweepTracker(self.uri, self.payload["name"], Path(self.payload["root"]) / "artifacts")
+        return self._tracker
+
+    def run_for(self, trial_config: dict[str, Any]) -> tuple[str, str, Path]:
+        """(cell_id, run_id, cell dir) of a trial; creates the run the first time a cell is seen."""
+        cell_id, cfg, values = resolve_cell(self.payload, trial_config)
+        cell = self.payload["cells"].get(cell_id, {})
+        tags = {"dedup_group": cell.get("group", ""), "axes": ", ".join(f"{k}={v}" for k, v in values.items())}
+        run_id = self.tracker.cell_run(cell_id, config_hash(cfg), flatten_config(cfg), tags)
+        return cell_id, run_id, Path(cfg.train.out_dir)
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        _, run_id, _ = self.run_for(trial.config)
+        self.tracker.set_status(run_id, "RUNNING")
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        _, run_id, _ = self.run_for(trial.config)
+        if "step" in result:
+            self.tracker.log_metrics(run_id, int(result["step"]), result)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        _, run_id, cell_dir = self.run_for(trial.config)
+        self.tracker.log_artifacts(run_id, cell_dir)
+        self.tracker.set_status(run_id, "FINISHED")
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        _, run_id, _ = self.run_for(trial.config)
+        self.tracker.client.set_tag(run_id, "last_error", str(getattr(trial, "error_file", "") or "error")[:500])

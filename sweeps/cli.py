@@ -1,0 +1,183 @@
+"""`hdrope sweep plan|run|submit|status|logs|resume|results` and `hdrope ui`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+__all__ = ["sweep_main", "ui_main"]
+
+DEFAULT_STORAGE = "runs/sweeps"
+
+
+def _plan(a: argparse.Namespace) -> int:
+    from sweeps.runner import prepare
+
+    plan = prepare(a.spec, a.set)
+    if a.json:
+        cells = [{"cell_id": c.cell_id, "values": c.values, "config_hash": c.config_hash, "dedup_of": c.dedup_of}
+                 for c in plan.cells]
+        print(json.dumps({"summary": plan.summary(), "cells": cells}, indent=1, default=str))
+        return 0
+    width = max(len(c.cell_id) for c in plan.cells)
+    print(f"{'cell':<{width}}  {'config_hash':<16}  runs")
+    for c in plan.cells:
+        print(f"{c.cell_id:<{width}}  {c.config_hash:<16}  {'= ' + c.dedup_of if c.dedup_of else 'train'}")
+    s = plan.summary()
+    print(f"\n{s['cells']} cells, {s['trials_run']} trials run, {s['trials_saved']} saved by dedup; "
+          f"{s['per_trial']['cpus']} CPU / {s['per_trial']['gpus']} GPU per trial, {s['concurrent_here']} at once "
+          f"on this machine; {s['total_steps']} optimizer steps in all; search={s['search']}, "
+          f"scheduler={s['scheduler']}; writes to {s['dir']}")
+    for note in plan.warnings:
+        print(f"warning: {note}", file=sys.stderr)
+    return 0
+
+
+def _run(a: argparse.Namespace) -> int:
+    from sweeps.runner import run_sweep
+
+    return run_sweep(a.spec, a.set, a.address, a.tracking_uri)
+
+
+def _resume(a: argparse.Namespace) -> int:
+    from sweeps.runner import resume_sweep
+
+    return resume_sweep(a.name, a.storage, a.address, a.tracking_uri)
+
+
+def _submit(a: argparse.Namespace) -> int:
+    from sweeps.submit import submit_sweep
+
+    job_id = submit_sweep(a.spec, a.address, a.set, a.working_dir)
+    print(job_id)
+    return 0
+
+
+def _status(a: argparse.Namespace) -> int:
+    from sweeps.results import cell_rows
+    from sweeps.runner import find_sweep
+
+    payload = find_sweep(a.name, a.storage)
+    rows = cell_rows(payload)
+    counts = Counter(r["status"] for r in rows)
+    print(f"sweep {payload['name']} at {payload['root']}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    for r in rows:
+        last = _last_metrics(Path(r["run_dir"]))
+        shown = " ".join(f"{k}={v:.4g}" for k, v in last.items() if k in ("train_loss", "val_loss") and v is not None)
+        via = f" (= {r['dedup_of']})" if r["dedup_of"] else ""
+        print(f"  {r['cell_id']:<40} {r['status']:<9} step {last.get('step', 0):>6} {shown}{via}")
+    job = Path(payload["root"]) / "job.json"
+    if job.is_file():
+        print(f"  submitted job: {json.loads(job.read_text())}")
+    return 0
+
+
+def _last_metrics(run_dir: Path) -> dict:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return {}
+    last: dict = {}
+    for line in path.read_text().splitlines():
+        last.update(json.loads(line))
+    return last
+
+
+def _logs(a: argparse.Namespace) -> int:
+    from sweeps.runner import find_sweep
+
+    payload = find_sweep(a.name, a.storage)
+    root = Path(payload["root"])
+    job = root / "job.json"
+    if job.is_file():
+        from sweeps.submit import job_logs
+
+        info = json.loads(job.read_text())
+        print(job_logs(info["address"], info["job_id"])[-a.tail * 200 :])
+    for cell_dir in sorted((root / "cells").glob("*")):
+        lines = (cell_dir / "metrics.jsonl").read_text().splitlines() if (cell_dir / "metrics.jsonl").is_file() else []
+        print(f"== {cell_dir.name}")
+        for line in lines[-a.tail :]:
+            print(f"   {line}")
+        if (cell_dir / "error.txt").is_file():
+            print(f"   ERROR {(cell_dir / 'error.txt').read_text().strip()}")
+    return 0
+
+
+def _results(a: argparse.Namespace) -> int:
+    from sweeps.results import write_results
+    from sweeps.runner import find_sweep
+
+    path = write_results(find_sweep(a.name, a.storage), Path(a.out) if a.out else None)
+    print(path)
+    return 0
+
+
+def sweep_main(argv: list[str]) -> int:
+    """Dispatch `hdrope sweep <action>`."""
+    p = argparse.ArgumentParser(prog="hdrope sweep", description="Ray Tune sweeps of HD-RoPE ablations")
+    sub = p.add_subparsers(dest="action", required=True)
+
+    def spec_cmd(name: str, help_: str) -> argparse.ArgumentParser:
+        q = sub.add_parser(name, help=help_)
+        q.add_argument("spec", help="sweep spec YAML")
+        q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec key")
+        return q
+
+    def name_cmd(name: str, help_: str) -> argparse.ArgumentParser:
+        q = sub.add_parser(name, help=help_)
+        q.add_argument("name", help="sweep name (or its directory)")
+        q.add_argument("--storage", default=DEFAULT_STORAGE, help=f"storage root (default {DEFAULT_STORAGE})")
+        return q
+
+    q = spec_cmd("plan", "print the cells, trials run and saved, and resources without running")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(fn=_plan)
+    for name, fn, help_ in (("run", _run, "run a sweep (embedded Ray unless --address)"),):
+        q = spec_cmd(name, help_)
+        q.add_argument("--address", default=None, help="join an existing Ray cluster (e.g. auto or HOST:6379)")
+        q.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"), help="MLflow tracking URI")
+        q.set_defaults(fn=fn)
+    q = spec_cmd("submit", "submit the sweep to a Ray cluster as a Ray Job; prints the job id")
+    q.add_argument("--address", required=True, help="Ray dashboard address, e.g. http://127.0.0.1:8265")
+    q.add_argument("--working-dir", default=".", help="shipped to the cluster as the job's working dir")
+    q.set_defaults(fn=_submit)
+    q = name_cmd("resume", "finish a sweep whose driver died (never re-runs a finished cell)")
+    q.add_argument("--address", default=None)
+    q.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"))
+    q.set_defaults(fn=_resume)
+    name_cmd("status", "cells by status with their last step and loss").set_defaults(fn=_status)
+    q = name_cmd("logs", "the last metric lines of every cell (and the job's log if submitted)")
+    q.add_argument("--tail", type=int, default=3)
+    q.set_defaults(fn=_logs)
+    q = name_cmd("results", "write results.parquet: all cells x final metrics, dedup expanded")
+    q.add_argument("--out", default="")
+    q.set_defaults(fn=_results)
+    a = p.parse_args(argv)
+    return a.fn(a)
+
+
+def ui_main(argv: list[str]) -> int:
+    """`hdrope ui [NAME]`: the MLflow UI on 127.0.0.1 for a sweep's store (or --tracking-uri)."""
+    p = argparse.ArgumentParser(prog="hdrope ui", description=ui_main.__doc__)
+    p.add_argument("name", nargs="?", help="sweep name or directory (default: the tracking URI given)")
+    p.add_argument("--storage", default=DEFAULT_STORAGE)
+    p.add_argument("--tracking-uri", default="", help="a backend store URI instead of a sweep's")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; anything else exposes it)")
+    p.add_argument("--port", type=int, default=5000)
+    a = p.parse_args(argv)
+    from sweeps.mlflow_server import serve_forever
+
+    if a.name:
+        from sweeps.runner import find_sweep
+        from sweeps.tracking import default_tracking_uri
+
+        uri = default_tracking_uri(Path(find_sweep(a.name, a.storage)["root"]))
+    elif a.tracking_uri:
+        uri = a.tracking_uri
+    else:
+        raise ValueError("give a sweep NAME or --tracking-uri")
+    return serve_forever(uri, a.host, a.port)

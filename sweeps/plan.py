@@ -1,0 +1,203 @@
+"""Resolve a spec into a validated plan: every grid cell's full RunConfig, its id, hash and dedup group.
+
+Nothing runs until every cell is valid; all problems come out in one `SpecError`. Cells that are
+provably the same model (NOTES §1: N = 2 with any basis is RoPE; the seed of a non-random basis
+is unused; `nope` ignores every rotary setting) share a dedup group and train once.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import os
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from sweeps.spec import SpecError, SweepSpec, check_name
+from trainer.config import RunConfig, config_errors, config_hash
+from trainer.presets import merge_config, preset_layer
+
+__all__ = ["Cell", "Plan", "cell_config", "make_plan", "sweep_dir"]
+
+ALIASES = {"seed": "train.seed"}
+_SLUG = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclass
+class Cell:
+    """One grid point: its axis values, resolved config, config hash and dedup representative."""
+
+    cell_id: str
+    values: dict[str, Any]
+    config: RunConfig
+    config_hash: str
+    group: str  # config hash of the canonical (dedup) config
+    dedup_of: str | None = None  # cell_id of the representative that actually trains, if not itself
+
+
+@dataclass
+class Plan:
+    """The validated sweep: cells in grid order and where everything goes."""
+
+    spec: SweepSpec
+    cells: list[Cell]
+    root: Path
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def to_run(self) -> list[Cell]:
+        return [c for c in self.cells if c.dedup_of is None]
+
+    def cell(self, cell_id: str) -> Cell:
+        return next(c for c in self.cells if c.cell_id == cell_id)
+
+    def summary(self) -> dict[str, Any]:
+        """Counts and resources, as `hdrope sweep plan` prints them."""
+        cpus = os.cpu_count() or 1
+        fit = max(1, int(cpus // max(self.spec.resources.cpus, 1e-9)))
+        concurrent = min(fit, self.spec.max_concurrent or fit)
+        return {"name": self.spec.name, "dir": str(self.root), "cells": len(self.cells),
+                "trials_run": len(self.to_run), "trials_saved": len(self.cells) - len(self.to_run),
+                "search": self.spec.search.kind, "scheduler": self.spec.scheduler,
+                "per_trial": {"cpus": self.spec.resources.cpus, "gpus": self.spec.resources.gpus},
+                "concurrent_here": concurrent, "total_steps": sum(c.config.train.steps for c in self.to_run)}
+
+
+def sweep_dir(spec: SweepSpec) -> Path:
+    """storage/name, resolved; the name was checked to stay inside storage."""
+    return (Path(spec.storage).expanduser() / spec.name).resolve()
+
+
+def _slug(values: dict[str, Any]) -> str:
+    parts = []
+    for key, v in values.items():
+        short = key.rsplit(".", 1)[-1]
+        text = f"{v:g}" if isinstance(v, float) else str(v)
+        parts.append(_SLUG.sub("_", f"{short}{text}"))
+    return "-".join(parts)
+
+
+def _layer(items: dict[str, Any]):
+    layer = OmegaConf.create({})
+    for key, value in items.items():
+        OmegaConf.update(layer, ALIASES.get(key, key), copy.deepcopy(value), force_add=True)
+    return layer
+
+
+def cell_config(spec: SweepSpec, values: dict[str, Any], name: str, out_dir: Path) -> RunConfig:
+    """The full RunConfig of one cell: base preset, spec overrides, the cell's axis values, sweep wiring."""
+    wiring: dict[str, Any] = {"name": name, "train.out_dir": str(out_dir)}
+    if spec.checkpoint_every:
+        wiring["train.ckpt_every"] = spec.checkpoint_every
+    layers = [preset_layer(spec.base), _layer(spec.overrides), _layer(values), _layer(wiring)]
+    return merge_config(layers, where=f"cell {name}")
+
+
+def canonical(cfg: RunConfig) -> RunConfig:
+    """The config with every setting that provably cannot change the model put to a fixed value."""
+    c = copy.deepcopy(cfg)
+    pe = c.model.pe
+    if pe.kind == "rope" or (pe.kind == "hdrope" and pe.rotation_dim == 2):
+        pe.kind, pe.rotation_dim, pe.basis = "hdrope", 2, "identity"
+    if pe.kind == "nope":
+        pe.rotation_dim, pe.basis, pe.theta, pe.scaling = 2, "identity", 10000.0, None
+    if pe.basis != "random":
+        pe.seed = 0
+    pe.fused = False  # same math, another kernel
+    return c
+
+
+def _check_spec(spec: SweepSpec) -> list[str]:
+    p: list[str] = []
+    try:
+        check_name(spec.name, "name")
+    except ValueError as err:
+        p.append(str(err))
+    s = spec.search
+    if s.kind not in ("grid", "optuna"):
+        p.append(f"search.kind={s.kind!r}: choose grid or optuna")
+    if s.kind == "optuna":
+        if spec.axes:
+            p.append("search.kind=optuna with axes: grid axes cannot be mixed with an Optuna search; "
+                     "run one optuna sweep per variant (put the variant in overrides) or use search.kind=grid")
+        if not s.space:
+            p.append("search.space is empty: optuna needs at least one dimension, e.g. optim.lr: {type: float, ...}")
+        if s.sampler not in ("tpe", "random"):
+            p.append(f"search.sampler={s.sampler!r}: choose tpe or random")
+        if s.n_trials < 1:
+            p.append(f"search.n_trials={s.n_trials}: must be >= 1")
+        for key, dim in s.space.items():
+            where = f"search.space.{key}"
+            if dim.type not in ("float", "int", "categorical"):
+                p.append(f"{where}.type={dim.type!r}: choose float, int or categorical")
+            elif dim.type == "categorical" and not dim.choices:
+                p.append(f"{where}.choices is empty: list the values to try")
+            elif dim.type != "categorical" and not (dim.low < dim.high and (dim.low > 0 or not dim.log)):
+                p.append(f"{where}: need low < high (and low > 0 when log=true), got [{dim.low}, {dim.high}]")
+    if s.mode not in ("min", "max"):
+        p.append(f"search.mode={s.mode!r}: choose min or max")
+    if spec.scheduler not in ("fifo", "asha"):
+        p.append(f"scheduler={spec.scheduler!r}: choose fifo (default) or asha")
+    if not spec.resources.cpus > 0 or spec.resources.gpus < 0:
+        p.append(f"resources: cpus must be > 0 and gpus >= 0, got cpus={spec.resources.cpus}, "
+                 f"gpus={spec.resources.gpus}")
+    for key in ("max_concurrent", "max_failures", "checkpoint_every"):
+        if getattr(spec, key) < 0:
+            p.append(f"{key}={getattr(spec, key)}: must be >= 0")
+    for key, values in spec.axes.items():
+        if not isinstance(values, list) or not values:
+            p.append(f"axes.{key}: must be a non-empty list of values, got {values!r}")
+        elif len({json.dumps(v, sort_keys=True, default=str) for v in values}) != len(values):
+            p.append(f"axes.{key}: has repeated values {values!r}; list each value once")
+    if s.metric not in ("val_loss", "val_bpb", "train_loss", "passkey_acc", "val_loss_x2", "val_loss_x4",
+                        "val_loss_x8"):
+        p.append(f"search.metric={s.metric!r}: choose a trainer metric such as val_loss or passkey_acc")
+    return p
+
+
+def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
+    """Resolve and validate every cell; SpecError lists every problem with its cell, key, value and fix."""
+    problems = _check_spec(spec)
+    try:
+        preset_layer(spec.base)
+    except ValueError as err:
+        problems.append(f"base: {err}")
+    if problems:
+        raise SpecError(source, problems)
+    root = sweep_dir(spec)
+    keys = list(spec.axes)
+    cells: list[Cell] = []
+    combos = list(itertools.product(*(spec.axes[k] for k in keys))) if keys else [()]
+    for i, combo in enumerate(combos):
+        values = dict(zip(keys, combo, strict=True))
+        cell_id = f"c{i:03d}" + (f"-{_slug(values)}" if values else "")
+        cell_id = cell_id[:100]
+        where = f"cell {cell_id} ({', '.join(f'{k}={v!r}' for k, v in values.items()) or 'no axes'})"
+        try:
+            cfg = cell_config(spec, values, cell_id, root / "cells" / cell_id)
+        except ValueError as err:
+            problems.append(f"{where}: {str(err).split(': ', 1)[-1]}")
+            continue
+        errs = config_errors(cfg)
+        if errs:
+            problems.extend(f"{where}: {e}" for e in errs)
+            continue
+        group = config_hash(canonical(cfg)) if spec.dedup else config_hash(cfg)
+        cells.append(Cell(cell_id, values, cfg, config_hash(cfg), group))
+    if problems:
+        raise SpecError(source, problems)
+    first: dict[str, str] = {}
+    for c in cells:
+        rep = first.setdefault(c.group, c.cell_id)
+        c.dedup_of = None if rep == c.cell_id else rep
+    notes = []
+    if spec.scheduler == "asha":
+        notes.append("scheduler=asha stops weak trials early: ablation tables will have holes (use fifo for tables)")
+        warnings.warn(notes[-1], stacklevel=2)
+    return Plan(spec, cells, root, notes)

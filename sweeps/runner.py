@@ -1,0 +1,210 @@
+"""Run, resume and reconcile a sweep on Ray Tune (embedded local Ray by default, or `--address`).
+
+Layout of a sweep directory (storage/name):
+    spec.yaml, plan.json    the validated spec and every cell's resolved config
+    cells/<cell_id>/        each cell's trainer run dir (checkpoints, metrics, dumps, result.json)
+    ray/tune/               Ray Tune's experiment state (what `Tuner.restore` reads)
+    mlflow.db               the default MLflow store (the driver is its only writer)
+    results.parquet         one row per cell, written at the end
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from sweeps.plan import Plan, make_plan
+from sweeps.results import cell_rows, write_results
+from sweeps.spec import SweepSpec, load_spec
+from sweeps.tracking import SweepTracker, default_tracking_uri
+from sweeps.trainable import plan_payload, run_trial
+
+__all__ = ["find_sweep", "prepare", "resume_sweep", "run_sweep"]
+
+
+def prepare(spec_path: str, overrides: list[str] | None = None) -> Plan:
+    """Load and validate a spec into a plan (raises SpecError, exit code 2, before any Ray)."""
+    spec = load_spec(spec_path, overrides)
+    return make_plan(spec, source=str(spec_path))
+
+
+def _write_plan(plan: Plan) -> dict[str, Any]:
+    payload = plan_payload(plan)
+    plan.root.mkdir(parents=True, exist_ok=True)
+    plan_file = plan.root / "plan.json"
+    if plan_file.is_file():
+        old = json.loads(plan_file.read_text())
+        if {k: v["config_hash"] for k, v in old["cells"].items()} != {
+            k: v["config_hash"] for k, v in payload["cells"].items()
+        }:
+            raise ValueError(
+                f"sweep {plan.spec.name!r} already exists at {plan.root} with a different plan; "
+                "give the new sweep another name, or finish the old one with `hdrope sweep resume`"
+            )
+    (plan.root / "spec.yaml").write_text(payload["spec"])
+    plan_file.write_text(json.dumps(payload, indent=1, default=str))
+    return payload
+
+
+def find_sweep(name: str, storage: str = "runs/sweeps") -> dict[str, Any]:
+    """The stored plan of sweep `name` (a name under storage, or a sweep directory path)."""
+    from sweeps.spec import check_name
+
+    path = Path(name)
+    if not (path / "plan.json").is_file():
+        check_name(name, "sweep name")
+        path = Path(storage) / name
+    if not (path / "plan.json").is_file():
+        raise ValueError(f"no sweep {name!r} under {storage!r} (no plan.json); pass --storage or the sweep directory")
+    return json.loads((path / "plan.json").read_text())
+
+
+def _init_ray(address: str | None, spec: SweepSpec) -> None:
+    import ray
+
+    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "1")
+    if ray.is_initialized():
+        return
+    kwargs: dict[str, Any] = {"dashboard_host": "127.0.0.1", "log_to_driver": True, "configure_logging": True,
+                              "logging_level": "warning"}
+    if address:
+        ray.init(address=address, **kwargs)
+    else:
+        ray.init(**kwargs)  # embedded local Ray with the machine's CPUs; token auth stays at Ray's default (on)
+
+
+def _tuner(payload: dict[str, Any], spec: SweepSpec, uri: str, restore: bool):
+    from ray import tune
+
+    from sweeps.callback import TrackingCallback
+
+    root = Path(payload["root"])
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, payload=payload), {"cpu": spec.resources.cpus, "gpu": spec.resources.gpus}
+    )
+    exp_dir = root / "ray" / "tune"
+    if restore and tune.Tuner.can_restore(str(exp_dir)):
+        return tune.Tuner.restore(str(exp_dir), trainable, resume_errored=True)
+    s = spec.search
+    scheduler = None
+    if spec.scheduler == "asha":
+        from ray.tune.schedulers import ASHAScheduler
+
+        steps = max(OmegaConf.create(c["config"]).train.steps for c in payload["cells"].values())
+        scheduler = ASHAScheduler(time_attr="step", metric=s.metric, mode=s.mode, max_t=steps,
+                                  grace_period=max(1, steps // 8))
+    search_alg, num_samples = None, 1
+    if s.kind == "optuna":
+        param_space, search_alg, num_samples = _optuna(spec, root), None, s.n_trials
+        search_alg = param_space.pop("__search_alg__")
+    else:
+        to_run = [cid for cid, c in payload["cells"].items() if c["dedup_of"] is None]
+        param_space = {"cell": tune.grid_search(to_run)}
+    return tune.Tuner(
+        trainable,
+        param_space=param_space,
+        tune_config=tune.TuneConfig(num_samples=num_samples, max_concurrent_trials=spec.max_concurrent or None,
+                                    scheduler=scheduler, search_alg=search_alg),
+        run_config=tune.RunConfig(
+            name="tune",
+            storage_path=str(root / "ray"),
+            failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+            callbacks=[TrackingCallback(uri, payload)],
+            verbose=1,
+        ),
+    )
+
+
+def _optuna(spec: SweepSpec, root: Path) -> dict[str, Any]:
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    from ray import tune
+    from ray.tune.search.optuna import OptunaSearch
+
+    space: dict[str, Any] = {}
+    for key, dim in spec.search.space.items():
+        if dim.type == "categorical":
+            space[key] = tune.choice(list(dim.choices))
+        elif dim.type == "int":
+            space[key] = (tune.lograndint if dim.log else tune.randint)(int(dim.low), int(dim.high) + 1)
+        else:
+            space[key] = (tune.loguniform if dim.log else tune.uniform)(dim.low, dim.high)
+    sampler_cls = optuna.samplers.TPESampler if spec.search.sampler == "tpe" else optuna.samplers.RandomSampler
+    storage = JournalStorage(JournalFileBackend(str(root / "optuna.journal")))
+    space["__search_alg__"] = OptunaSearch(metric=spec.search.metric, mode=spec.search.mode,
+                                           sampler=sampler_cls(seed=42), study_name=spec.name, storage=storage)
+    return space
+
+
+def _reconcile(payload: dict[str, Any], uri: str, grid) -> list[str]:
+    """Final MLflow statuses: failed cells FAILED with their error, dedup cells get their representative's result."""
+    from sweeps.callback import TrackingCallback
+
+    tracker = SweepTracker(uri, payload["name"], Path(payload["root"]) / "artifacts")
+
+    cb = TrackingCallback(uri, payload)
+    cb._tracker = tracker
+    failed = []
+    for row in cell_rows(payload):
+        if row["cell_id"].startswith("t-") and row["status"] == "PENDING":
+            continue
+        run_id = cb.run_for({"cell": row["cell_id"]} if row["cell_id"] in payload["cells"] else
+                            {k: OmegaConf.select(OmegaConf.load(Path(row["run_dir"]) / "config.yaml"), k)
+                             for k in payload["space"]})[1]
+        if row["status"] == "FINISHED":
+            metrics = {k: v for k, v in row.items() if v is not None}
+            if row["dedup_of"]:
+                tracker.client.set_tag(run_id, "dedup_of", row["dedup_of"])
+                tracker.log_metrics(run_id, int(row["steps"]), metrics)
+                tracker.log_artifacts(run_id, Path(row["run_dir"]))
+            tracker.set_status(run_id, "FINISHED")
+        else:
+            failed.append(row["cell_id"])
+            tracker.set_status(run_id, "FAILED", row["error"] or "the trial did not finish")
+    parent = tracker.parent_run()
+    tracker.client.set_tag(parent, "failed_cells", ",".join(failed) or "none")
+    tracker.set_status(parent, "FINISHED" if not failed else "FAILED")
+    return failed
+
+
+def _execute(payload: dict[str, Any], spec: SweepSpec, address: str | None, uri: str, restore: bool) -> int:
+    tracker = SweepTracker(uri, spec.name, Path(payload["root"]) / "artifacts")
+    tracker.parent_run({"spec": payload["spec"][:6000], "cells": len(payload["cells"])})
+    _init_ray(address, spec)
+    tuner = _tuner(payload, spec, uri, restore)
+    grid = tuner.fit()
+    failed = _reconcile(payload, uri, grid)
+    path = write_results(payload)
+    print(f"sweep {spec.name}: {len(payload['cells']) - len(failed)} cells finished, {len(failed)} failed; "
+          f"results {path}; MLflow: hdrope ui {payload['root']}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _uri(spec: SweepSpec, root: Path, tracking_uri: str | None) -> str:
+    return tracking_uri or spec.tracking_uri or default_tracking_uri(root)
+
+
+def run_sweep(spec_path: str, overrides: list[str] | None = None, address: str | None = None,
+              tracking_uri: str | None = None) -> int:
+    """Validate, plan and run a sweep; returns 0 when every cell finished."""
+    plan = prepare(spec_path, overrides)
+    payload = _write_plan(plan)
+    restore = (plan.root / "ray" / "tune").is_dir()
+    return _execute(payload, plan.spec, address, _uri(plan.spec, plan.root, tracking_uri), restore)
+
+
+def resume_sweep(name: str, storage: str = "runs/sweeps", address: str | None = None,
+                 tracking_uri: str | None = None) -> int:
+    """Finish a sweep whose driver died: restore Tune's state, resume errored and unfinished trials."""
+    payload = find_sweep(name, storage)
+    spec = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SweepSpec), OmegaConf.create(payload["spec"])))
+    root = Path(payload["root"])
+    return _execute(payload, spec, address, _uri(spec, root, tracking_uri), restore=True)

@@ -1,0 +1,130 @@
+"""The sweep spec: a YAML file validated against OmegaConf structured configs built from these dataclasses.
+
+```yaml
+name: quickstart                 # a plain name: letters, digits, . _ -
+base: tiny                       # preset in experiments/ or a YAML path (relative to the spec)
+overrides: {train.steps: 60}     # dotted keys applied to every cell
+axes:                            # dotted keys -> lists; the grid is their product
+  model.pe.rotation_dim: [2, 4]
+  model.pe.basis: [identity, paley]
+  seed: [42]                     # `seed` is short for train.seed
+search: {kind: grid}             # or optuna with sampler, n_trials, metric, mode, space
+scheduler: fifo                  # or asha (leaves holes in ablation tables)
+resources: {cpus: 1, gpus: 0}
+max_concurrent: 0                # 0: as many as the cluster fits
+max_failures: 1                  # retries of a failed trial, each from its last checkpoint
+checkpoint_every: 0              # 0: keep the base config's train.ckpt_every
+storage: runs/sweeps             # sweep directory = storage/name
+tracking_uri: ""                 # "": sqlite:///<sweep dir>/mlflow.db
+```
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+__all__ = ["NAME_RE", "ParamSpace", "Resources", "Search", "SpecError", "SweepSpec", "check_name", "load_spec"]
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+class SpecError(ValueError):
+    """An invalid spec: every problem, one per line."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__(f"{source}: {len(problems)} problem(s)\n  " + "\n  ".join(problems))
+
+
+@dataclass
+class ParamSpace:
+    """One Optuna dimension: float/int in [low, high] (optionally log), or categorical choices."""
+
+    type: str = "float"  # float | int | categorical
+    low: float = 0.0
+    high: float = 1.0
+    log: bool = False
+    choices: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class Search:
+    """grid: every cell of the axes' product; optuna: n_trials sampled from `space` per grid cell."""
+
+    kind: str = "grid"  # grid | optuna
+    sampler: str = "tpe"  # tpe | random
+    n_trials: int = 8
+    metric: str = "val_loss"
+    mode: str = "min"  # min | max
+    space: dict[str, ParamSpace] = field(default_factory=dict)
+
+
+@dataclass
+class Resources:
+    """Per-trial resources; fractional GPUs are allowed."""
+
+    cpus: float = 1.0
+    gpus: float = 0.0
+
+
+@dataclass
+class SweepSpec:
+    """A whole sweep."""
+
+    name: str = ""
+    base: str = "compact"
+    overrides: dict[str, Any] = field(default_factory=dict)
+    axes: dict[str, list[Any]] = field(default_factory=dict)
+    search: Search = field(default_factory=Search)
+    scheduler: str = "fifo"  # fifo | asha
+    resources: Resources = field(default_factory=Resources)
+    max_concurrent: int = 0
+    max_failures: int = 1
+    checkpoint_every: int = 0
+    storage: str = "runs/sweeps"
+    tracking_uri: str = ""
+    dedup: bool = True
+    description: str = ""
+
+
+def check_name(value: str, what: str) -> None:
+    """ValueError unless value is a plain name that cannot escape its directory."""
+    if not isinstance(value, str) or not NAME_RE.match(value) or ".." in value:
+        raise ValueError(
+            f"{what}={value!r} is not a plain name; use 1-100 letters, digits, '.', '_' or '-' "
+            "(no '/', no '..'), starting with a letter or digit"
+        )
+
+
+def load_spec(path: str | Path, overrides: list[str] | None = None) -> SweepSpec:
+    """Parse a spec file against the schema; SpecError (a ValueError) names the bad key."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(str(path), [f"spec file {str(path)!r} does not exist"])
+    try:
+        raw = OmegaConf.load(path)
+    except Exception as err:
+        raise SpecError(str(path), [f"not valid YAML: {str(err).splitlines()[0]}"]) from None
+    if not isinstance(raw, type(OmegaConf.create({}))):
+        raise SpecError(str(path), ["the spec must be a YAML mapping with name, base, axes, ..."])
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(SweepSpec), raw, OmegaConf.from_dotlist(list(overrides or [])))
+        spec = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None) or "?"
+        fix = "remove it or check the spelling" if "not in" in str(err) else "give a value of the right type"
+        raise SpecError(str(path), [f"{key}: {str(err).splitlines()[0]}; {fix}"]) from None
+    assert isinstance(spec, SweepSpec)
+    base = Path(spec.base)
+    if base.suffix in (".yaml", ".yml") and not base.is_absolute() and not base.is_file():
+        if (path.parent / base).is_file():
+            spec.base = str(path.parent / base)
+    if not spec.name:
+        spec.name = path.stem
+    return spec

@@ -1,0 +1,128 @@
+"""MLflow tracking for sweeps, written by one process (the driver), exactly one run per cell.
+
+Run identity lives in MLflow itself: a parent run tagged (sweep, role=parent) and one child per
+cell tagged (sweep, cell_id, config_hash). `cell_run` finds before it creates, so a restarted
+driver or a retried trial reuses the same run. Metrics already logged at a step are not logged
+again when a trial replays steps after restoring a checkpoint.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["METRICS", "SweepTracker", "default_tracking_uri", "git_commit"]
+
+METRICS = ("train_loss", "val_loss", "val_bpb", "tokens_per_s", "mfu", "lr", "val_loss_x2", "val_loss_x4",
+           "val_loss_x8", "passkey_acc")
+
+
+def default_tracking_uri(root: Path) -> str:
+    """The sweep's own SQLite store (the driver is its only writer)."""
+    return f"sqlite:///{root / 'mlflow.db'}"
+
+
+def git_commit() -> str:
+    """HEAD of the working tree, or 'unknown'."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+class SweepTracker:
+    """Find-or-create parent and cell runs of one sweep and log into them."""
+
+    def __init__(self, uri: str, sweep: str, artifact_root: Path | None = None) -> None:
+        import mlflow
+
+        self.uri, self.sweep = uri, sweep
+        self.client = mlflow.MlflowClient(uri)
+        exp = self.client.get_experiment_by_name(sweep)
+        if exp is None:  # a local store keeps artifacts in the sweep dir, not in ./mlruns of whoever ran it
+            location = artifact_root.resolve().as_uri() if artifact_root and uri.startswith("sqlite") else None
+            self.experiment_id = self.client.create_experiment(sweep, artifact_location=location)
+        else:
+            self.experiment_id = exp.experiment_id
+        self._runs: dict[str, str] = {}
+        self._last_step: dict[tuple[str, str], int] = {}
+
+    def _find(self, **tags: str) -> str | None:
+        query = " and ".join(f"tags.{k} = '{v}'" for k, v in tags.items())
+        found = self.client.search_runs([self.experiment_id], filter_string=query, max_results=2)
+        return found[0].info.run_id if found else None
+
+    def parent_run(self, params: dict[str, Any] | None = None) -> str:
+        """The sweep's parent run, created on first use."""
+        if "__parent__" not in self._runs:
+            run_id = self._find(sweep=self.sweep, role="parent")
+            if run_id is None:
+                tags = {"sweep": self.sweep, "role": "parent", "git_commit": git_commit()}
+                run_id = self.client.create_run(self.experiment_id, run_name=self.sweep, tags=tags).info.run_id
+                for k, v in (params or {}).items():
+                    self.client.log_param(run_id, k, str(v)[:6000])
+            self._runs["__parent__"] = run_id
+        return self._runs["__parent__"]
+
+    def cell_run(self, cell_id: str, config_hash: str, params: dict[str, Any], tags: dict[str, str]) -> str:
+        """The one run of a cell: found by its tags, or created (with all params) under the parent."""
+        if cell_id in self._runs:
+            return self._runs[cell_id]
+        run_id = self._find(sweep=self.sweep, cell_id=cell_id)
+        if run_id is None:
+            from mlflow.entities import Param
+
+            all_tags = {"sweep": self.sweep, "role": "cell", "cell_id": cell_id, "config_hash": config_hash,
+                        "git_commit": git_commit(), "mlflow.parentRunId": self.parent_run(), **tags}
+            run = self.client.create_run(self.experiment_id, run_name=cell_id, tags=all_tags)
+            run_id = run.info.run_id
+            items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+            for i in range(0, len(items), 100):
+                self.client.log_batch(run_id, params=items[i : i + 100])
+        self._runs[cell_id] = run_id
+        return run_id
+
+    def set_status(self, run_id: str, status: str, error: str | None = None) -> None:
+        """RUNNING, FINISHED or FAILED (with the error as a tag)."""
+        if error:
+            self.client.set_tag(run_id, "error", error[:5000])
+        if status == "RUNNING":
+            self.client.update_run(run_id, status="RUNNING")
+        else:
+            self.client.set_terminated(run_id, status)
+
+    def log_metrics(self, run_id: str, step: int, metrics: dict[str, Any]) -> None:
+        """Log the known metrics of `step`, skipping any already logged at that step or later."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = []
+        for k, v in metrics.items():
+            if k not in METRICS or not isinstance(v, (int, float)) or v != v:
+                continue
+            key = (run_id, k)
+            if key not in self._last_step:
+                hist = self.client.get_metric_history(run_id, k)
+                self._last_step[key] = max((m.step for m in hist), default=-1)
+            if step <= self._last_step[key]:
+                continue
+            self._last_step[key] = step
+            batch.append(Metric(k, float(v), now, step))
+        if batch:
+            self.client.log_batch(run_id, metrics=batch)
+
+    def log_artifacts(self, run_id: str, cell_dir: Path) -> None:
+        """Config, eval tables, attention dumps and a reference to the final checkpoint."""
+        files = {"config.yaml": "config", "result.json": "result", "passkey.parquet": "eval",
+                 "metrics.jsonl": "result", "attention/attention.parquet": "attention",
+                 "attention/logit_profile.parquet": "attention"}
+        for rel, kind in files.items():
+            if (cell_dir / rel).is_file():
+                self.client.log_artifact(run_id, str(cell_dir / rel), artifact_path=kind)
+        ckpts = sorted((cell_dir / "checkpoints").glob("step_*"))
+        if ckpts:
+            self.client.set_tag(run_id, "final_checkpoint", str(ckpts[-1]))
