@@ -10,10 +10,13 @@ import urllib.request
 __all__ = ["serve_forever", "start_server"]
 
 
-def start_server(backend_uri: str, host: str = "127.0.0.1", port: int = 5000, timeout: float = 90.0):
+def start_server(backend_uri: str, host: str = "127.0.0.1", port: int = 5000, timeout: float = 90.0,
+                 artifacts_dir: str | None = None):
     """Start `mlflow server` on host:port for backend_uri; return (process, url) once it answers /health."""
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri, "--host", host,
            "--port", str(port), "--workers", "1"]
+    if artifacts_dir:
+        cmd += ["--artifacts-destination", artifacts_dir]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://{host}:{port}"
     deadline = time.monotonic() + timeout

@@ -180,7 +180,17 @@ def _execute(payload: dict[str, Any], spec: SweepSpec, address: str | None, uri:
     tracker.parent_run({"spec": payload["spec"][:6000], "cells": len(payload["cells"])})
     _init_ray(address, spec)
     tuner = _tuner(payload, spec, uri, restore)
-    grid = tuner.fit()
+    # Every path is absolute; work from the sweep dir so a job's shipped working dir may be cleaned up under us.
+    try:
+        old_cwd: str | None = os.getcwd()
+    except FileNotFoundError:
+        old_cwd = None
+    os.chdir(payload["root"])
+    try:
+        grid = tuner.fit()
+    finally:
+        if old_cwd and os.path.isdir(old_cwd):
+            os.chdir(old_cwd)
     failed = _reconcile(payload, uri, grid)
     path = write_results(payload)
     print(f"sweep {spec.name}: {len(payload['cells']) - len(failed)} cells finished, {len(failed)} failed; "

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 __all__ = ["NAME_RE", "ParamSpace", "Resources", "Search", "SpecError", "SweepSpec", "check_name", "load_spec"]
@@ -111,12 +111,16 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> SweepSpec
         raw = OmegaConf.load(path)
     except Exception as err:
         raise SpecError(str(path), [f"not valid YAML: {str(err).splitlines()[0]}"]) from None
-    if not isinstance(raw, type(OmegaConf.create({}))):
+    if not isinstance(raw, DictConfig):
         raise SpecError(str(path), ["the spec must be a YAML mapping with name, base, axes, ..."])
+    wrong = [f"{key}: must be a mapping (key: value lines), got {type(raw[key]).__name__}"
+             for key in ("overrides", "axes", "search", "resources") if key in raw and not isinstance(raw[key], DictConfig)]
+    if wrong:
+        raise SpecError(str(path), wrong)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(SweepSpec), raw, OmegaConf.from_dotlist(list(overrides or [])))
         spec = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as err:
+    except (OmegaConfBaseException, TypeError) as err:  # TypeError: a list where a mapping belongs
         key = getattr(err, "full_key", None) or "?"
         fix = "remove it or check the spelling" if "not in" in str(err) else "give a value of the right type"
         raise SpecError(str(path), [f"{key}: {str(err).splitlines()[0]}; {fix}"]) from None

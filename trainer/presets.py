@@ -62,7 +62,7 @@ def merge_config(layers: list, where: str = "config") -> RunConfig:
     try:
         merged = OmegaConf.merge(schema, *layers)
         cfg = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as err:
+    except (OmegaConfBaseException, TypeError) as err:  # TypeError: a list where a mapping belongs
         key = getattr(err, "full_key", None) or "?"
         raise ValueError(f"{where}: bad config key or value at {key!r}: {str(err).splitlines()[0]}") from None
     assert isinstance(cfg, RunConfig)

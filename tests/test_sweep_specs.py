@@ -1,0 +1,111 @@
+"""Sweep specs: planning, dedup and 20+ malformed specs rejected before Ray starts (exit code 2, field named)."""
+
+import sys
+import textwrap
+
+import pytest
+
+from hdrope.console import main
+from sweeps.plan import canonical
+from sweeps.runner import prepare
+
+GOOD = """
+name: ok
+base: tiny
+storage: {storage}
+overrides: {{train.steps: 5}}
+axes:
+  model.pe.rotation_dim: [2, 4]
+  model.pe.basis: [identity, random, paley]
+  seed: [1, 2]
+"""
+
+
+def write(tmp_path, text, name="spec.yaml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text).format(storage=tmp_path / "store"))
+    return path
+
+
+def test_plan_resolves_every_cell_and_dedups_2d(tmp_path):
+    plan = prepare(str(write(tmp_path, GOOD)))
+    assert len(plan.cells) == 12 and len(plan.to_run) == 8  # 2D x 3 bases -> one model per seed
+    two_d = [c for c in plan.cells if c.values["model.pe.rotation_dim"] == 2]
+    assert {c.dedup_of for c in two_d if c.dedup_of} == {c.cell_id for c in two_d if c.dedup_of is None}
+    c = plan.cells[-1]
+    assert c.config.train.seed == 2 and c.config.model.pe.basis == "paley" and c.config.train.steps == 5
+    assert c.config.train.out_dir.endswith(f"store/ok/cells/{c.cell_id}")
+    assert plan.summary()["trials_saved"] == 4
+
+
+def test_canonical_keeps_real_differences(tmp_path):
+    plan = prepare(str(write(tmp_path, GOOD)))
+    four = [c for c in plan.cells if c.values["model.pe.rotation_dim"] == 4]
+    assert len({c.group for c in four}) == 6  # 3 bases x 2 seeds all differ
+    rope = canonical(plan.cells[0].config)
+    assert rope.model.pe.basis == "identity" and rope.model.pe.rotation_dim == 2
+
+
+def test_plan_cli_prints_counts(tmp_path, capsys):
+    assert main(["sweep", "plan", str(write(tmp_path, GOOD))]) == 0
+    out = capsys.readouterr().out
+    assert "12 cells, 8 trials run, 4 saved by dedup" in out
+
+
+BAD = [
+    ("name: ../escape\nbase: tiny", "name='../escape' is not a plain name"),
+    ("name: a/b\nbase: tiny", "name='a/b' is not a plain name"),
+    ("name: x\nbase: nosuchpreset", "unknown preset 'nosuchpreset'"),
+    ("name: x\nbase: ../../etc/passwd", "not a plain name"),
+    ("name: x\nbase: tiny\naxes: {model.pe.rotation_dim: [3]}", "rotation_dim=3 does not divide head_dim=32"),
+    ("name: x\nbase: tiny\naxes: {model.pe.rotation_dim: [16]}", "14 or 18"),
+    ("name: x\nbase: tiny\naxes: {model.pe.theta: [1.0]}", "theta must be > 1"),
+    ("name: x\nbase: tiny\naxes: {model.pe.basis: [qr]}", "unknown basis"),
+    ("name: x\nbase: tiny\naxes: {model.pe.widht: [1]}", "widht"),
+    ("name: x\nbase: tiny\naxes: {model.dim: [abc]}", "model.dim"),
+    ("name: x\nbase: tiny\naxes: {model.pe.rotation_dim: []}", "axes.model.pe.rotation_dim: must be a non-empty list"),
+    ("name: x\nbase: tiny\naxes: {seed: [1, 1]}", "axes.seed: has repeated values"),
+    ("name: x\nbase: tiny\naxes: {model.n_kv_heads: [3]}", "not divisible by model.n_kv_heads=3"),
+    ("name: x\nbase: tiny\noverrides: {optim.name: lion}", "optim.name='lion'"),
+    ("name: x\nbase: tiny\noverrides: {train.steps: 0}", "train.steps=0"),
+    ("name: x\nbase: tiny\nsearch: {kind: bayes}", "search.kind='bayes'"),
+    ("name: x\nbase: tiny\nsearch: {kind: optuna}", "search.space is empty"),
+    ("name: x\nbase: tiny\naxes: {seed: [1]}\nsearch: {kind: optuna, space: {optim.lr: {low: 1e-4, high: 1e-2}}}",
+     "grid axes cannot be mixed with an Optuna search"),
+    ("name: x\nbase: tiny\nsearch: {kind: optuna, space: {optim.lr: {low: 0, high: 1, log: true}}}",
+     "search.space.optim.lr: need low < high"),
+    ("name: x\nbase: tiny\nscheduler: hyperband", "scheduler='hyperband'"),
+    ("name: x\nbase: tiny\nresources: {cpus: 0}", "resources: cpus must be > 0"),
+    ("name: x\nbase: tiny\nmax_failures: -1", "max_failures=-1"),
+    ("name: x\nbase: tiny\nunknown_key: 1", "unknown_key"),
+    ("name: x\nbase: tiny\nresources: {cpus: lots}", "resources.cpus"),
+    ("name: x\nbase: tiny\nsearch: {kind: grid, metric: accuracy}", "search.metric='accuracy'"),
+    ("name: x\nbase: tiny\noverrides: {dump.layers: [9]}", "dump.layers"),
+    ("name: x\nbase: tiny\naxes: [1, 2]", "axes"),
+    ("name: [x\nbase: tiny", "not valid YAML"),
+]
+
+
+@pytest.mark.parametrize("text,match", BAD, ids=[f"bad{i:02d}" for i in range(len(BAD))])
+def test_malformed_spec_exit_2_naming_the_field(tmp_path, capsys, text, match):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text + f"\nstorage: {tmp_path / 'store'}\n" if "[x" not in text else text)
+    assert main(["sweep", "plan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert match in err, err
+    assert "Traceback" not in err
+    assert not (tmp_path / "store").exists()  # nothing written
+    assert "ray" not in sys.modules or not __import__("ray").is_initialized()
+
+
+def test_all_problems_of_a_spec_come_out_together(tmp_path, capsys):
+    text = "name: x\nbase: tiny\nscheduler: nope\nmax_failures: -2\naxes: {model.pe.rotation_dim: [3, 5]}\n"
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    assert main(["sweep", "run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "scheduler='nope'" in err and "max_failures=-2" in err
+    path.write_text("name: x\nbase: tiny\naxes: {model.pe.rotation_dim: [3, 5]}\n")
+    assert main(["sweep", "run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "cell c000-rotation_dim3" in err and "cell c001-rotation_dim5" in err

@@ -1,0 +1,250 @@
+"""Sweeps end to end with real parts: local Ray, a real `mlflow server`, a two-node cluster, and crashes.
+
+All marked slow: `.ci/run` runs them; deselect locally with -m 'not slow'.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SPEC = """
+name: {name}
+base: tiny
+storage: {storage}
+tracking_uri: "{uri}"
+overrides:
+  train.steps: {steps}
+  train.batch_size: {batch}
+  train.threads: 1
+  train.log_every: 5
+  train.eval_every: 0
+  train.ckpt_every: {ckpt}
+  eval.passkey.enabled: false
+  eval.extrapolation_batches: 1
+  dump.enabled: true
+  dump.samples: 1
+axes:
+  model.pe.rotation_dim: {dims}
+  model.pe.basis: {bases}
+resources: {{cpus: 1}}
+max_concurrent: {concurrent}
+max_failures: 2
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_spec(tmp_path, name, uri="", steps=20, batch=8, ckpt=10, dims="[2, 4]", bases="[identity, paley]",
+               concurrent=0) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(SPEC.format(name=name, storage=tmp_path / "store", uri=uri, steps=steps, batch=batch, ckpt=ckpt,
+                                dims=dims, bases=bases, concurrent=concurrent))
+    return path
+
+
+def hdrope(*args, cwd, timeout=600, env=None, **kw):
+    return subprocess.run([sys.executable, "-m", "hdrope.console", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=env, **kw)
+
+
+def ray_stop():
+    subprocess.run(["ray", "stop", "--force"], capture_output=True, timeout=120)
+
+
+def cell_runs(uri: str, sweep: str):
+    import mlflow
+
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name(sweep)
+    runs = client.search_runs([exp.experiment_id])
+    return client, [r for r in runs if r.data.tags.get("role") == "cell"], [r for r in runs
+                                                                            if r.data.tags.get("role") == "parent"]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    from sweeps.mlflow_server import start_server
+
+    root = tmp_path_factory.mktemp("mlflow")
+    proc, url = start_server(f"sqlite:///{root / 'server.db'}", port=free_port(), artifacts_dir=str(root / "art"))
+    yield url
+    proc.terminate()
+    proc.wait(30)
+
+
+def test_local_grid_logs_one_run_per_cell_to_a_real_mlflow_server(tmp_path, cache_dir, mlflow_server):
+    spec = write_spec(tmp_path, "e2e", uri=mlflow_server)
+    out = hdrope("sweep", "run", str(spec), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    client, cells, parents = cell_runs(mlflow_server, "e2e")
+    assert len(cells) == 4 and len(parents) == 1
+    assert all(r.info.status == "FINISHED" for r in cells + parents)
+    by_cell = {r.data.tags["cell_id"]: r for r in cells}
+    dedup = by_cell["c001-rotation_dim2-basispaley"]
+    assert dedup.data.tags["dedup_of"] == "c000-rotation_dim2-basisidentity"
+    assert dedup.data.metrics["val_loss"] == by_cell["c000-rotation_dim2-basisidentity"].data.metrics["val_loss"]
+    paley = by_cell["c003-rotation_dim4-basispaley"]
+    assert paley.data.params["model.pe.rotation_dim"] == "4" and paley.data.params["model.pe.basis"] == "paley"
+    assert paley.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+    assert len(paley.data.tags["config_hash"]) == 16 and paley.data.tags["git_commit"]
+    history = client.get_metric_history(paley.info.run_id, "train_loss")
+    assert [m.step for m in history] == [5, 10, 15, 20]
+    assert {a.path for a in client.list_artifacts(paley.info.run_id)} >= {"config", "result", "attention"}
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tmp_path / "store" / "e2e" / "results.parquet").to_pylist()
+    assert len(table) == 4 and all(r["status"] == "FINISHED" and r["val_loss"] for r in table)
+    status = hdrope("sweep", "status", "e2e", "--storage", str(tmp_path / "store"), cwd=tmp_path)
+    assert status.returncode == 0 and "FINISHED 4" in status.stdout
+
+
+def test_ui_serves_a_sweep_store_on_localhost(tmp_path):
+    from sweeps.tracking import SweepTracker
+
+    root = tmp_path / "store" / "uisweep"
+    root.mkdir(parents=True)
+    (root / "plan.json").write_text(json.dumps({"name": "uisweep", "root": str(root), "cells": {}}))
+    SweepTracker(f"sqlite:///{root / 'mlflow.db'}", "uisweep").parent_run()
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "hdrope.console", "ui", "uisweep", "--storage",
+                             str(tmp_path / "store"), "--port", str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert f"http://127.0.0.1:{port}" in line
+        import urllib.request
+
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search?max_results=5",
+                                      timeout=10).read().decode()
+        assert "uisweep" in body
+    finally:
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            child.kill()
+        proc.kill()
+
+
+def _trial_workers() -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline", "name"]):
+        text = " ".join(p.info["cmdline"] or []) + " " + (p.info["name"] or "")
+        if "run_trial" in text or "ImplicitFunc" in text:
+            found.append(p)
+    return found
+
+
+def _wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_killed_trial_recovers_from_its_checkpoint_with_the_same_final_loss(tmp_path, cache_dir):
+    import torch
+
+    from sweeps.runner import prepare
+    from trainer.loop import train
+
+    spec = write_spec(tmp_path, "kill", steps=150, batch=16, ckpt=15, dims="[4]", bases="[paley]")
+    cell_dir = tmp_path / "store" / "kill" / "cells" / "c000-rotation_dim4-basispaley"
+    proc = subprocess.Popen([sys.executable, "-m", "hdrope.console", "sweep", "run", str(spec)], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for(lambda: (cell_dir / "checkpoints" / "step_00000045").is_dir(), 240, "a checkpoint at step 45")
+        workers = _trial_workers()
+        assert workers, "no trial worker process found"
+        for w in workers:
+            w.send_signal(signal.SIGKILL)
+        out, _ = proc.communicate(timeout=400)
+    finally:
+        proc.kill()
+        ray_stop()
+    assert proc.returncode == 0, out[-3000:]
+    result = json.loads((cell_dir / "result.json").read_text())
+    assert result["resumed_from"] is not None and result["resumed_from"] >= 45
+    cfg = prepare(str(spec)).cells[0].config
+    cfg.train.out_dir = str(tmp_path / "reference")
+    threads = torch.get_num_threads()
+    try:
+        ref = train(cfg)
+    finally:
+        torch.set_num_threads(threads)
+    assert result["metrics"]["train_loss"] == ref.metrics["train_loss"]
+    assert result["metrics"]["val_loss"] == ref.metrics["val_loss"]
+
+
+def test_killed_driver_then_resume_finishes_without_rerunning(tmp_path, cache_dir):
+    spec = write_spec(tmp_path, "drv", steps=100, batch=16, ckpt=10, dims="[4, 8, 32]", bases="[identity]",
+                      concurrent=1)
+    cells = tmp_path / "store" / "drv" / "cells"
+    first, second = cells / "c000-rotation_dim4-basisidentity", cells / "c001-rotation_dim8-basisidentity"
+    proc = subprocess.Popen([sys.executable, "-m", "hdrope.console", "sweep", "run", str(spec)], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _wait_for(lambda: (first / "result.json").is_file() and (second / "checkpoints" / "step_00000020").is_dir(),
+                  300, "one finished cell and a checkpoint of the next")
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and the embedded Ray it started
+        proc.wait(60)
+    finally:
+        ray_stop()
+    done_before = (first / "result.json").stat().st_mtime_ns, (first / "metrics.jsonl").read_text()
+    out = hdrope("sweep", "resume", "drv", "--storage", str(tmp_path / "store"), cwd=tmp_path)
+    ray_stop()
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert ((first / "result.json").stat().st_mtime_ns, (first / "metrics.jsonl").read_text()) == done_before
+    assert json.loads((second / "result.json").read_text())["resumed_from"] is not None
+    client, runs, parents = cell_runs(f"sqlite:///{tmp_path / 'store' / 'drv' / 'mlflow.db'}", "drv")
+    assert sorted(r.data.tags["cell_id"] for r in runs) == sorted(p.name for p in cells.iterdir())
+    assert len(runs) == 3 and len(parents) == 1
+    assert all(r.info.status == "FINISHED" for r in runs + parents)
+
+
+def test_two_node_cluster_runs_a_submitted_sweep(tmp_path, cache_dir):
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    gcs, dash = free_port(), free_port()
+    try:
+        head = subprocess.run(["ray", "start", "--head", f"--port={gcs}", "--dashboard-host=127.0.0.1",
+                               f"--dashboard-port={dash}", "--num-cpus=1", "--include-dashboard=true"],
+                              env=env, capture_output=True, text=True, timeout=180)
+        assert head.returncode == 0, head.stderr[-2000:]
+        worker = subprocess.run(["ray", "start", f"--address=127.0.0.1:{gcs}", "--num-cpus=1",
+                                 f"--temp-dir=/tmp/ray_w{gcs}"], env=env, capture_output=True, text=True, timeout=180)
+        assert worker.returncode == 0, worker.stderr[-2000:]
+        spec = Path(__file__).resolve().parent.parent / f".test-two-node-{gcs}.yaml"
+        spec.write_text(write_spec(tmp_path, "twonode").read_text())
+        try:
+            out = hdrope("sweep", "submit", str(spec), "--address", f"http://127.0.0.1:{dash}",
+                         cwd=spec.parent, env=env, timeout=300)
+        finally:
+            spec.unlink()
+        assert out.returncode == 0, out.stderr[-3000:]
+        job_id = out.stdout.strip().splitlines()[-1]
+        assert job_id.startswith("raysubmit_")
+        from sweeps.submit import job_status
+
+        os.environ["RAY_AUTH_MODE"] = "token"
+        try:
+            _wait_for(lambda: job_status(f"http://127.0.0.1:{dash}", job_id) in ("SUCCEEDED", "FAILED", "STOPPED"),
+                      400, "the job to end")
+            assert job_status(f"http://127.0.0.1:{dash}", job_id) == "SUCCEEDED"
+        finally:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        _, runs, _ = cell_runs(f"sqlite:///{tmp_path / 'store' / 'twonode' / 'mlflow.db'}", "twonode")
+        assert len(runs) == 4 and all(r.info.status == "FINISHED" for r in runs)
+    finally:
+        ray_stop()
