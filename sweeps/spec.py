@@ -113,8 +113,9 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> SweepSpec
         raise SpecError(str(path), [f"not valid YAML: {str(err).splitlines()[0]}"]) from None
     if not isinstance(raw, DictConfig):
         raise SpecError(str(path), ["the spec must be a YAML mapping with name, base, axes, ..."])
+    sections = ("overrides", "axes", "search", "resources")
     wrong = [f"{key}: must be a mapping (key: value lines), got {type(raw[key]).__name__}"
-             for key in ("overrides", "axes", "search", "resources") if key in raw and not isinstance(raw[key], DictConfig)]
+             for key in sections if key in raw and not isinstance(raw[key], DictConfig)]
     if wrong:
         raise SpecError(str(path), wrong)
     try:

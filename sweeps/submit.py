@@ -40,8 +40,8 @@ def submit_sweep(spec_path: str, address: str, overrides: list[str] | None = Non
     sets = [*overrides, f"storage={plan.root.parent}"]
     entry = " ".join(["python -m hdrope.console sweep run", shlex.quote(str(spec.relative_to(work))),
                       "--address auto", *(f"--set {shlex.quote(s)}" for s in sets)])
-    job_id = _client(address).submit_job(entrypoint=entry, runtime_env={"working_dir": str(work), "excludes": _EXCLUDES},
-                               metadata={"sweep": plan.spec.name})
+    runtime_env = {"working_dir": str(work), "excludes": _EXCLUDES}
+    job_id = _client(address).submit_job(entrypoint=entry, runtime_env=runtime_env, metadata={"sweep": plan.spec.name})
     plan.root.mkdir(parents=True, exist_ok=True)
     (plan.root / "job.json").write_text(json.dumps({"address": address, "job_id": job_id, "entrypoint": entry}))
     return job_id

@@ -176,7 +176,7 @@ def test_killed_trial_recovers_from_its_checkpoint_with_the_same_final_loss(tmp_
         ray_stop()
     assert proc.returncode == 0, out[-3000:]
     result = json.loads((cell_dir / "result.json").read_text())
-    assert result["resumed_from"] is not None and result["resumed_from"] >= 45
+    assert result["resumed_from"] is not None and result["resumed_from"] >= 15  # restarted from a checkpoint
     cfg = prepare(str(spec)).cells[0].config
     cfg.train.out_dir = str(tmp_path / "reference")
     threads = torch.get_num_threads()
@@ -208,7 +208,7 @@ def test_killed_driver_then_resume_finishes_without_rerunning(tmp_path, cache_di
     assert out.returncode == 0, out.stderr[-3000:]
     assert ((first / "result.json").stat().st_mtime_ns, (first / "metrics.jsonl").read_text()) == done_before
     assert json.loads((second / "result.json").read_text())["resumed_from"] is not None
-    client, runs, parents = cell_runs(f"sqlite:///{tmp_path / 'store' / 'drv' / 'mlflow.db'}", "drv")
+    _, runs, parents = cell_runs(f"sqlite:///{tmp_path / 'store' / 'drv' / 'mlflow.db'}", "drv")
     assert sorted(r.data.tags["cell_id"] for r in runs) == sorted(p.name for p in cells.iterdir())
     assert len(runs) == 3 and len(parents) == 1
     assert all(r.info.status == "FINISHED" for r in runs + parents)

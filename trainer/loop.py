@@ -132,6 +132,13 @@ def _write_passkey_table(rows: list[dict], cfg: RunConfig, chash: str, path: Pat
     pq.write_table(table, path)
 
 
+def _checkpoint_step(path: Path) -> int:
+    try:
+        return int(json.loads((Path(path) / "state.json").read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
 class _Run:
     """State of one training run; `train` drives it."""
 
@@ -159,9 +166,11 @@ class _Run:
         self.metrics_file = self.run_dir / "metrics.jsonl"
 
     def resume(self) -> None:
-        path = self.reporter.restore_path() or latest_checkpoint(self.ckpt_root)
-        if path is None:
+        """Continue from the newest of the reporter's checkpoint (e.g. Ray's) and this run's own latest."""
+        candidates = [p for p in (self.reporter.restore_path(), latest_checkpoint(self.ckpt_root)) if p is not None]
+        if not candidates:
             return
+        path = max(candidates, key=_checkpoint_step)
         state = load_checkpoint(Path(path), self.model, self.optimizer)
         if state.get("config_hash") != self.chash:
             print(f"warning: resuming {path} written with config {state.get('config_hash')}, now {self.chash}",
