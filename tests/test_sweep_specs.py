@@ -109,3 +109,16 @@ def test_all_problems_of_a_spec_come_out_together(tmp_path, capsys):
     assert main(["sweep", "run", str(path)]) == 2
     err = capsys.readouterr().err
     assert "cell c000-rotation_dim3" in err and "cell c001-rotation_dim5" in err
+
+
+def test_asha_is_opt_in_and_warns_about_holes(tmp_path):
+    with pytest.warns(UserWarning, match="holes"):
+        plan = prepare(str(write(tmp_path, GOOD + "scheduler: asha\n")))
+    assert plan.warnings and plan.spec.scheduler == "asha"
+    assert prepare(str(write(tmp_path, GOOD, "fifo.yaml"))).spec.scheduler == "fifo"
+
+
+def test_checkpoint_every_and_storage_flow_into_each_cell(tmp_path):
+    plan = prepare(str(write(tmp_path, GOOD + "checkpoint_every: 7\n")))
+    assert {c.config.train.ckpt_every for c in plan.cells} == {7}
+    assert all(str(tmp_path / "store" / "ok" / "cells") in c.config.train.out_dir for c in plan.cells)

@@ -248,3 +248,38 @@ def test_two_node_cluster_runs_a_submitted_sweep(tmp_path, cache_dir):
         assert len(runs) == 4 and all(r.info.status == "FINISHED" for r in runs)
     finally:
         ray_stop()
+
+
+def test_optuna_search_runs_and_keeps_its_study_in_a_journal(tmp_path, cache_dir):
+    spec = tmp_path / "opt.yaml"
+    spec.write_text(f"""
+name: opt
+base: tiny
+storage: {tmp_path / 'store'}
+overrides: {{train.steps: 10, train.threads: 1, eval.passkey.enabled: false, eval.extrapolation_batches: 0}}
+search:
+  kind: optuna
+  n_trials: 3
+  metric: val_loss
+  space:
+    optim.lr: {{type: float, low: 1.0e-4, high: 1.0e-2, log: true}}
+resources: {{cpus: 1}}
+""")
+    out = hdrope("sweep", "run", str(spec), cwd=tmp_path)
+    ray_stop()
+    assert out.returncode == 0, out.stderr[-3000:]
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    storage = JournalStorage(JournalFileBackend(str(tmp_path / "store" / "opt" / "optuna.journal")))
+    study = optuna.load_study(study_name="opt", storage=storage)
+    assert len(study.trials) == 3
+    lrs = sorted(t.params["optim.lr"] for t in study.trials)
+    assert len(set(lrs)) == 3 and 1e-4 <= lrs[0] and lrs[-1] <= 1e-2
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(tmp_path / "store" / "opt" / "results.parquet").to_pylist()
+    assert len(rows) == 3 and all(r["status"] == "FINISHED" and r["cell_id"].startswith("t-") for r in rows)
+    _, runs, _ = cell_runs(f"sqlite:///{tmp_path / 'store' / 'opt' / 'mlflow.db'}", "opt")
+    assert len(runs) == 3

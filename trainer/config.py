@@ -54,9 +54,12 @@ class PasskeyFormat:
 class DataConfig:
     """Corpus, tokenizer, split and the optional passkey mixture. The train length is model.max_seq_len."""
 
-    corpus: str = "shakespeare"  # shakespeare | files
+    corpus: str = "shakespeare"  # shakespeare | files | hf
     paths: list[str] = field(default_factory=list)  # globs of .txt/.jsonl/.parquet for corpus=files
-    text_field: str = "text"  # JSONL key / Parquet column holding the text
+    text_field: str = "text"  # JSONL key / Parquet column / HF dataset column holding the text
+    hf_dataset: str = ""  # corpus=hf: a HF datasets name, e.g. cerebras/SlimPajama-627B (needs the hf extra)
+    hf_split: str = "train"
+    hf_documents: int = 10000  # corpus=hf: documents streamed from the start of the split
     tokenizer: str = "bytes"  # bytes | bpe | path/to/tokenizer.json
     bpe_vocab_size: int = 1024
     val_fraction: float = 0.1  # fraction of documents (plays) held out
@@ -167,8 +170,10 @@ def config_errors(cfg: RunConfig) -> list[str]:
     except ValueError as err:
         errors.append(str(err))
     d, o, t, e, dump = cfg.data, cfg.optim, cfg.train, cfg.eval, cfg.dump
-    if d.corpus not in ("shakespeare", "files"):
-        errors.append(f"data.corpus={d.corpus!r}: choose 'shakespeare' or 'files' (with data.paths globs)")
+    if d.corpus not in ("shakespeare", "files", "hf"):
+        errors.append(f"data.corpus={d.corpus!r}: choose 'shakespeare', 'files' (with data.paths globs) or 'hf'")
+    if d.corpus == "hf" and not d.hf_dataset:
+        errors.append("data.hf_dataset is empty: corpus=hf needs a dataset name, e.g. cerebras/SlimPajama-627B")
     if d.corpus == "files" and not d.paths:
         errors.append("data.paths is empty: corpus=files needs at least one glob of .txt/.jsonl/.parquet files")
     if not 0.0 < d.val_fraction < 1.0:

