@@ -23,7 +23,7 @@ from sweeps.spec import SpecError, SweepSpec, check_name
 from trainer.config import RunConfig, config_errors, config_hash
 from trainer.presets import merge_config, preset_layer
 
-__all__ = ["Cell", "Plan", "cell_config", "make_plan", "sweep_dir"]
+__all__ = ["Cell", "Plan", "cell_config", "make_plan", "metric_driven", "sweep_dir"]
 
 ALIASES = {"seed": "train.seed"}
 _SLUG = re.compile(r"[^A-Za-z0-9._-]+")
@@ -62,8 +62,10 @@ class Plan:
         cpus = os.cpu_count() or 1
         fit = max(1, int(cpus // max(self.spec.resources.cpus, 1e-9)))
         concurrent = min(fit, self.spec.max_concurrent or fit)
+        optuna = self.spec.search.kind == "optuna"
         return {"name": self.spec.name, "dir": str(self.root), "cells": len(self.cells),
-                "trials_run": len(self.to_run), "trials_saved": len(self.cells) - len(self.to_run),
+                "trials_run": self.spec.search.n_trials if optuna else len(self.to_run),
+                "trials_saved": 0 if optuna else len(self.cells) - len(self.to_run),
                 "search": self.spec.search.kind, "scheduler": self.spec.scheduler,
                 "per_trial": {"cpus": self.spec.resources.cpus, "gpus": self.spec.resources.gpus},
                 "concurrent_here": concurrent, "total_steps": sum(c.config.train.steps for c in self.to_run)}
@@ -96,7 +98,15 @@ def cell_config(spec: SweepSpec, values: dict[str, Any], name: str, out_dir: Pat
     if spec.checkpoint_every:
         wiring["train.ckpt_every"] = spec.checkpoint_every
     layers = [preset_layer(spec.base), _layer(spec.overrides), _layer(values), _layer(wiring)]
-    return merge_config(layers, where=f"cell {name}")
+    cfg = merge_config(layers, where=f"cell {name}")
+    if metric_driven(spec) and spec.search.metric in ("val_loss", "val_bpb"):
+        cfg.train.eval_every = cfg.train.log_every  # the searcher/scheduler sees the metric in every report
+    return cfg
+
+
+def metric_driven(spec: SweepSpec) -> bool:
+    """Whether a searcher or scheduler reads `search.metric` from every intermediate result."""
+    return spec.search.kind == "optuna" or spec.scheduler == "asha"
 
 
 def canonical(cfg: RunConfig) -> RunConfig:
@@ -190,6 +200,15 @@ def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
             continue
         group = config_hash(canonical(cfg)) if spec.dedup else config_hash(cfg)
         cells.append(Cell(cell_id, values, cfg, config_hash(cfg), group))
+    if spec.search.kind == "optuna":  # every dimension must resolve at both ends of its range
+        for key, dim in spec.search.space.items():
+            for value in (list(dim.choices) if dim.type == "categorical" else [dim.low, dim.high]):
+                value = int(value) if dim.type == "int" else value
+                try:
+                    errs = config_errors(cell_config(spec, {key: value}, "probe", root / "cells" / "probe"))
+                except ValueError as err:
+                    errs = [str(err).split(": ", 1)[-1]]
+                problems.extend(f"search.space.{key}={value!r}: {e}" for e in errs)
     if problems:
         raise SpecError(source, problems)
     first: dict[str, str] = {}

@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from sweeps.plan import cell_config
+from sweeps.plan import cell_config, metric_driven
 from sweeps.spec import SweepSpec
 from trainer.config import RunConfig
 from trainer.presets import merge_config
@@ -30,9 +30,10 @@ def plan_payload(plan) -> dict[str, Any]:
         "root": str(plan.root),
         "spec": OmegaConf.to_yaml(OmegaConf.structured(plan.spec)),
         "space": list(plan.spec.search.space),
+        "required_metric": plan.spec.search.metric if metric_driven(plan.spec) else None,
         "cells": {c.cell_id: {"config": OmegaConf.to_yaml(OmegaConf.structured(c.config)), "values": c.values,
                               "config_hash": c.config_hash, "group": c.group, "dedup_of": c.dedup_of}
-                  for c in plan.cells},
+                  for c in plan.cells if plan.spec.search.kind == "grid"},  # optuna trials are named as sampled
     }
 
 
@@ -52,8 +53,8 @@ def resolve_cell(payload: dict[str, Any], trial_config: dict[str, Any]) -> tuple
 class TuneReporter(Reporter):
     """Forwards metrics and checkpoints to Ray Tune; carries the last known value of every metric."""
 
-    def __init__(self, cell_id: str) -> None:
-        self.cell_id = cell_id
+    def __init__(self, cell_id: str, required_metric: str | None = None) -> None:
+        self.cell_id, self.required = cell_id, required_metric
         self.carry: dict[str, Any] = {}
 
     def restore_path(self) -> Path | None:
@@ -69,12 +70,17 @@ class TuneReporter(Reporter):
     def log(self, step: int, metrics: dict[str, float]) -> None:
         from ray import tune
 
-        tune.report(self._payload(step, metrics))
+        payload = self._payload(step, metrics)
+        if self.required is None or self.required in payload:  # a searcher needs its metric in every result
+            tune.report(payload)
 
     def checkpoint(self, step: int, path: Path, metrics: dict[str, float]) -> None:
         from ray import tune
 
-        tune.report(self._payload(step, metrics), checkpoint=tune.Checkpoint.from_directory(str(path)))
+        payload = self._payload(step, metrics)
+        if self.required is not None and self.required not in payload:
+            payload[self.required] = float("nan")  # a checkpoint is never dropped; its metric is not known yet
+        tune.report(payload, checkpoint=tune.Checkpoint.from_directory(str(path)))
 
 
 def finished_result(cfg: RunConfig) -> dict[str, Any] | None:
@@ -100,7 +106,7 @@ def run_trial(config: dict[str, Any], payload: dict[str, Any]) -> None:
         return
     error_file = Path(cfg.train.out_dir) / "error.txt"
     try:
-        train(cfg, TuneReporter(cell_id))
+        train(cfg, TuneReporter(cell_id, payload.get("required_metric")))
     except Exception as err:
         error_file.parent.mkdir(parents=True, exist_ok=True)
         error_file.write_text(f"{type(err).__name__}: {err}\n")

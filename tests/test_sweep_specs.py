@@ -75,6 +75,7 @@ BAD = [
     ("name: x\nbase: tiny\nsearch: {kind: optuna, space: {optim.lr: {low: 0, high: 1, log: true}}}",
      "search.space.optim.lr: need low < high"),
     ("name: x\nbase: tiny\nscheduler: hyperband", "scheduler='hyperband'"),
+    ("name: x\nbase: tiny\nsearch: {kind: optuna, space: {optim.lrr: {low: 0.1, high: 1}}}", "search.space.optim.lrr"),
     ("name: x\nbase: tiny\nresources: {cpus: 0}", "resources: cpus must be > 0"),
     ("name: x\nbase: tiny\nmax_failures: -1", "max_failures=-1"),
     ("name: x\nbase: tiny\nunknown_key: 1", "unknown_key"),
