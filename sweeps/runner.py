@@ -110,7 +110,8 @@ def _tuner(payload: dict[str, Any], spec: SweepSpec, uri: str, restore: bool):
         trainable,
         param_space=param_space,
         tune_config=tune.TuneConfig(num_samples=num_samples, max_concurrent_trials=spec.max_concurrent or None,
-                                    scheduler=scheduler, search_alg=search_alg),
+                                    scheduler=scheduler, search_alg=search_alg,
+                                    reuse_actors=True),  # a warm worker (torch imported, data cached) per slot
         run_config=tune.RunConfig(
             name="tune",
             storage_path=str(root / "ray"),
