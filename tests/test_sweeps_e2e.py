@@ -283,3 +283,29 @@ resources: {{cpus: 1}}
     assert len(rows) == 3 and all(r["status"] == "FINISHED" and r["cell_id"].startswith("t-") for r in rows)
     _, runs, _ = cell_runs(f"sqlite:///{tmp_path / 'store' / 'opt' / 'mlflow.db'}", "opt")
     assert len(runs) == 3
+
+
+def test_a_failing_cell_does_not_stop_the_sweep_and_ends_failed(tmp_path, cache_dir):
+    spec = tmp_path / "fail.yaml"
+    spec.write_text(f"""
+name: fail
+base: tiny
+storage: {tmp_path / 'store'}
+overrides: {{train.steps: 8, train.threads: 1, eval.passkey.enabled: false, eval.extrapolation_batches: 0}}
+axes:
+  model.init_std: [0.02, 1.0e30]   # the second diverges: NaN loss
+resources: {{cpus: 1}}
+max_failures: 1
+""")
+    out = hdrope("sweep", "run", str(spec), cwd=tmp_path)
+    ray_stop()
+    assert out.returncode == 1, out.stderr[-3000:]  # the sweep ran to the end and says a cell failed
+    assert "1 cells finished, 1 failed" in out.stderr
+    _, runs, parents = cell_runs(f"sqlite:///{tmp_path / 'store' / 'fail' / 'mlflow.db'}", "fail")
+    status = {r.data.tags["cell_id"]: r for r in runs}
+    assert status["c000-init_std0.02"].info.status == "FINISHED"
+    failed = status["c001-init_std1e_30"]
+    assert failed.info.status == "FAILED" and "TrainingDiverged" in failed.data.tags["error"]
+    assert parents[0].data.tags["failed_cells"] == "c001-init_std1e_30"
+    logs = hdrope("sweep", "logs", "fail", "--storage", str(tmp_path / "store"), cwd=tmp_path)
+    assert logs.returncode == 0 and "ERROR TrainingDiverged" in logs.stdout
