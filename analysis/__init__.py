@@ -1,4 +1,21 @@
-"""analysis: effective attention rank, Fourier attention magnitudes, theory curves, tables, figures.
+"""analysis: effective attention rank, Fourier attention magnitudes, theory curves, the paper's tables and figures.
 
-Not built yet (issue 5). Reads stored results; never needs a live trial.
+Reads stored results (dumps, results tables, MLflow) and never needs a live trial. Public names:
+`effective_rank`, `distance_profile`, `fourier_magnitude`, `rope_band_magnitude`, plus the loaders
+in `analysis.load` and the theory curves in `analysis.theory`.
 """
+
+from analysis.fourier import distance_profile, fourier_magnitude, rope_band_magnitude
+from analysis.rank import effective_rank, layerwise_rank, rank_difference, row_entropy
+from analysis.stats import bootstrap_ci
+
+__all__ = [
+    "bootstrap_ci",
+    "distance_profile",
+    "effective_rank",
+    "fourier_magnitude",
+    "layerwise_rank",
+    "rank_difference",
+    "rope_band_magnitude",
+    "row_entropy",
+]

@@ -19,12 +19,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("trainer.cli:train_main", "train one model from a preset or YAML plus key=value overrides"),
     "sweep": ("sweeps.cli:sweep_main", "plan|run|submit|status|logs|resume|results of Ray Tune sweeps"),
     "ui": ("sweeps.cli:ui_main", "MLflow UI on 127.0.0.1 for a sweep's tracking store"),
-    "bench": ("hdrope.console:bench_main", "benchmarks: " + ", ".join(["rotary", "train", "sweep"])),
+    "report": ("analysis.cli:report_main", "the paper's tables and figures from a sweep (Markdown + PNG, to MLflow)"),
+    "theory": ("analysis.cli:theory_main", "decay bound, B(Δ), wavelengths and K mixing per rotation dim and θ"),
+    "bench": ("hdrope.console:bench_main", "benchmarks: " + ", ".join(["rotary", "train", "sweep", "analysis"])),
 }
 BENCHES: dict[str, tuple[str, str]] = {
     "rotary": ("hdrope.bench:main", "HD-RoPE kernels vs RoPE and the elementwise floor"),
     "train": ("trainer.bench:main", "training step time of RoPE vs HD-RoPE, tokens/s vs HF Llama, MFU"),
     "sweep": ("sweeps.bench:main", "an 8-cell tiny grid under Ray Tune vs back to back in one process"),
+    "analysis": ("analysis.bench:main", "effective-rank throughput (maps/s) at L = 256 and 1024 over a stored dump"),
 }
 
 

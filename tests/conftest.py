@@ -34,3 +34,42 @@ def tiny_cfg(cache_dir, tmp_path):
         return load_config("tiny", [f"data.cache_dir={cache_dir}", f"train.out_dir={tmp_path / out}", *overrides])
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_sweep(cache_dir, tmp_path_factory):
+    """A finished tiny sweep directory (plan.json, cells with dumps and passkey tables, results.parquet),
+    trained in-process without Ray: 2D/4D x identity/Paley x 2 seeds, 6 trials for 8 cells."""
+    import json
+
+    from sweeps.plan import make_plan
+    from sweeps.results import write_results
+    from sweeps.spec import load_spec
+    from sweeps.trainable import plan_payload
+    from trainer.loop import train
+
+    root = tmp_path_factory.mktemp("tiny-sweep")
+    spec_path = root / "tiny.yaml"
+    spec_path.write_text(f"""
+name: tinysweep
+base: tiny
+storage: {root / 'store'}
+overrides:
+  data.cache_dir: {cache_dir}
+  train.steps: 12
+  train.log_every: 4
+  dump.enabled: true
+  dump.samples: 2
+axes:
+  model.pe.rotation_dim: [2, 4]
+  model.pe.basis: [identity, paley]
+  seed: [1, 2]
+""")
+    plan = make_plan(load_spec(spec_path))
+    payload = plan_payload(plan)
+    plan.root.mkdir(parents=True)
+    (plan.root / "plan.json").write_text(json.dumps(payload, default=str))
+    for cell in plan.to_run:
+        train(cell.config)
+    write_results(payload)
+    return plan.root

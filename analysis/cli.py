@@ -1,0 +1,70 @@
+"""`hdrope theory` and `hdrope report`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["report_main", "theory_main"]
+
+
+def theory_main(argv: list[str]) -> int:
+    """Theory curves for rotation dims × θ: decay bound, B(Δ), wavelengths, K mixing; PNGs and CSVs in --out."""
+    p = argparse.ArgumentParser(prog="hdrope theory", description=theory_main.__doc__)
+    p.add_argument("--rotation-dim", type=int, nargs="+", default=[2, 4, 8, 32])
+    p.add_argument("--theta", type=float, nargs="+", default=[1e4, 5e5])
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--train-len", type=int, default=256, help="train length to compare wavelengths with (tokens)")
+    p.add_argument("--max-distance", type=int, default=4096)
+    p.add_argument("--out", required=True, help="output directory")
+    a = p.parse_args(argv)
+    for n in a.rotation_dim:
+        if n < 2 or n % 2 or a.head_dim % n:
+            raise ValueError(f"--rotation-dim {n}: must be even and divide --head-dim {a.head_dim}")
+    if any(t <= 1 for t in a.theta):
+        raise ValueError(f"--theta {a.theta}: every base must be > 1")
+
+    from analysis.plots import line_figure, save
+    from analysis.theory import b_curve, decay_curve, mixing_table, theory_table, wavelengths
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    table = theory_table(a.rotation_dim, a.theta, a.head_dim, a.train_len, a.max_distance)
+    table.to_csv(out / "theory.csv", index=False)
+    mixing_table(a.rotation_dim).to_csv(out / "mixing.csv", index=False)
+    d = np.unique(np.geomspace(1, a.max_distance, 400).astype(int))
+    for theta in a.theta:
+        decay = {f"N={n}": (d, decay_curve(a.head_dim, n, theta, d)) for n in a.rotation_dim}
+        save(line_figure(decay, "relative distance Δ (tokens)", "relative upper bound (2/d)·Σ|S_j|",
+                         f"RoFormer long-term decay, θ={theta:g}, d={a.head_dim}", logx=True),
+             out / f"decay_theta{theta:g}.png")
+        b = {f"N={n}": (d, b_curve(a.head_dim, n, theta, d)) for n in a.rotation_dim}
+        save(line_figure(b, "relative distance Δ (tokens)", "B(Δ) = Σ_j cos(Δθ_j)",
+                         f"Men et al. B(Δ), θ={theta:g}", logx=True, hline=0.0), out / f"b_curve_theta{theta:g}.png")
+        wl = {f"N={n}": (np.arange(len(w := wavelengths(a.head_dim, n, theta))), w) for n in a.rotation_dim}
+        save(line_figure(wl, "block index j", "wavelength 2π/θ_j (tokens)",
+                         f"block wavelengths, θ={theta:g} (dashed: train length)", logy=True, hline=a.train_len),
+             out / f"wavelengths_theta{theta:g}.png")
+    print(table.to_string(index=False))
+    print(f"\nwrote {out}/theory.csv, mixing.csv and {3 * len(a.theta)} PNGs")
+    return 0
+
+
+def report_main(argv: list[str]) -> int:
+    """`hdrope report NAME`: Markdown + PNG figures in the sweep dir, logged to the sweep's MLflow parent run."""
+    p = argparse.ArgumentParser(prog="hdrope report", description=report_main.__doc__)
+    p.add_argument("name", help="sweep name or sweep directory")
+    p.add_argument("--storage", default="runs/sweeps")
+    p.add_argument("--tracking-uri", default=None)
+    a = p.parse_args(argv)
+    path = Path(a.name)
+    if not (path / "results.parquet").is_file():
+        if "/" in a.name or ".." in a.name:
+            raise ValueError(f"{a.name!r}: no results.parquet there; give a sweep name or directory")
+        path = Path(a.storage) / a.name
+    from analysis.report import build_report
+
+    print(build_report(path, a.tracking_uri))
+    return 0

@@ -1,0 +1,145 @@
+"""Reading stored results: attention dumps, logit profiles, passkey tables and sweep results.
+
+Dumps are streamed one row group (one layer) at a time, so memory stays bounded by one layer's
+selection. A truncated, foreign or wrong-schema file raises a ValueError that says which file and
+what is wrong, never a traceback from inside pyarrow.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+__all__ = [
+    "SCALAR_COLUMNS",
+    "iter_maps",
+    "load_passkey",
+    "load_profiles",
+    "load_results",
+    "load_stats",
+    "open_dump",
+    "sweep_cells",
+]
+
+SCALAR_COLUMNS = ["run_id", "config_hash", "step", "sample", "layer", "head", "seq_len", "pe_kind", "basis",
+                  "rotation_dim", "theta", "entropy", "erank"]
+_SCHEMA_KEY = b"hdrope.dump_schema"
+
+
+def _truncated(path: Path | str, group: int, err: Exception) -> ValueError:
+    return ValueError(f"{path}: row group {group} is unreadable ({type(err).__name__}); the file is truncated")
+
+
+def open_dump(path: str | Path, kind: str = "attention") -> pq.ParquetFile:
+    """Open an attention or logit-profile dump, checking it is complete and ours."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such dump file")
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as err:
+        why = type(err).__name__
+        raise ValueError(f"{path}: not a readable Parquet file (truncated or not Parquet: {why})") from None
+    meta = pf.schema_arrow.metadata or {}
+    if _SCHEMA_KEY not in meta:
+        raise ValueError(f"{path}: not an hdrope dump (no {_SCHEMA_KEY.decode()} metadata); "
+                         "dumps are written by trainer.attention_dump")
+    need = {"attention": ("attn", "layer", "head", "erank"), "profile": ("logit_mean", "layer", "head")}[kind]
+    missing = [c for c in need if c not in pf.schema_arrow.names]
+    if missing:
+        raise ValueError(f"{path}: missing columns {missing}; is this a {kind} dump?")
+    return pf
+
+
+def _filter(table: pa.Table, layers, heads, samples) -> pa.Table:
+    for col, wanted in (("layer", layers), ("head", heads), ("sample", samples)):
+        if wanted is not None and col in table.column_names:
+            table = table.filter(pc.is_in(table.column(col), value_set=pa.array(list(wanted), pa.int32())))
+    return table
+
+
+def load_stats(path: str | Path, layers=None, heads=None) -> pd.DataFrame:
+    """Scalar columns (entropy, erank, ids) of an attention dump, without decoding any map."""
+    pf = open_dump(path)
+    frames = []
+    for i in range(pf.num_row_groups):
+        try:
+            t = pf.read_row_group(i, columns=[c for c in SCALAR_COLUMNS if c in pf.schema_arrow.names])
+        except Exception as err:
+            raise _truncated(path, i, err) from None
+        frames.append(_filter(t, layers, heads, None).to_pandas())
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=SCALAR_COLUMNS)
+
+
+def iter_maps(path: str | Path, layers=None, heads=None, samples=None) -> Iterator[tuple[pd.DataFrame, np.ndarray]]:
+    """Yield (ids, maps (n, L, L) float32) one row group (layer) at a time, selected by layer/head/sample."""
+    pf = open_dump(path)
+    for i in range(pf.num_row_groups):
+        try:
+            t = pf.read_row_group(i)
+        except Exception as err:
+            raise _truncated(path, i, err) from None
+        t = _filter(t, layers, heads, samples)
+        if t.num_rows == 0:
+            continue
+        maps = t.column("attn").combine_chunks().to_numpy_ndarray().astype(np.float32)
+        yield t.drop(["attn"]).to_pandas(), maps
+
+
+def load_profiles(path: str | Path, layers=None, heads=None) -> pd.DataFrame:
+    """The logit-by-distance table: one row per (layer, head), `logit_mean` as numpy arrays."""
+    pf = open_dump(path, kind="profile")
+    try:
+        t = pf.read()
+    except Exception as err:
+        raise ValueError(f"{path}: unreadable ({type(err).__name__}); the file is truncated") from None
+    df = _filter(t, layers, heads, None).to_pandas()
+    df["logit_mean"] = df["logit_mean"].map(lambda v: np.asarray(v, dtype=np.float64))
+    return df
+
+
+def load_results(sweep_dir: str | Path) -> pd.DataFrame:
+    """The sweep's results.parquet (one row per cell)."""
+    path = Path(sweep_dir) / "results.parquet"
+    if not path.is_file():
+        raise ValueError(f"{sweep_dir}: no results.parquet; run `hdrope sweep results NAME` first")
+    try:
+        return pq.read_table(path).to_pandas()
+    except Exception as err:
+        raise ValueError(f"{path}: unreadable ({type(err).__name__})") from None
+
+
+def sweep_cells(sweep_dir: str | Path) -> pd.DataFrame:
+    """Trained cells of a sweep with the paths of their dumps and passkey tables (dedup duplicates dropped)."""
+    df = load_results(sweep_dir)
+    df = df[df["dedup_of"].isna() & (df["status"] == "FINISHED")].copy()
+    run = df["run_dir"].map(Path)
+    df["attention_path"] = run.map(lambda p: p / "attention" / "attention.parquet")
+    df["profile_path"] = run.map(lambda p: p / "attention" / "logit_profile.parquet")
+    df["passkey_path"] = run.map(lambda p: p / "passkey.parquet")
+    return df.reset_index(drop=True)
+
+
+def load_passkey(sweep_dir: str | Path) -> pd.DataFrame:
+    """All cells' passkey rows with the cell's rotation config (for the polar fan heatmaps)."""
+    frames = []
+    for _, cell in sweep_cells(sweep_dir).iterrows():
+        if cell["passkey_path"].is_file():
+            t = pq.read_table(cell["passkey_path"]).to_pandas()
+            t["cell_id"] = cell["cell_id"]
+            frames.append(t)
+    if not frames:
+        raise ValueError(f"{sweep_dir}: no passkey.parquet in any cell; enable eval.passkey")
+    return pd.concat(frames, ignore_index=True)
+
+
+def read_json(path: Path) -> dict:
+    """A JSON file, or {} when absent."""
+    return json.loads(path.read_text()) if path.is_file() else {}

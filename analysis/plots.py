@@ -1,0 +1,61 @@
+"""Matplotlib figures (Agg backend): every axis labelled with its unit, saved as PNG."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+__all__ = ["line_figure", "polar_fan", "save"]
+
+
+def save(fig, path: Path) -> Path:
+    """Write fig as PNG (150 dpi) and close it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return path
+
+
+def line_figure(series: dict[str, tuple[np.ndarray, np.ndarray]], xlabel: str, ylabel: str, title: str,
+                logx: bool = False, logy: bool = False, band: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+                hline: float | None = None):
+    """One line per label (x, y), optional shaded bands (lo, hi) and a horizontal reference line."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, (x, y) in series.items():
+        ax.plot(x, y, marker="o" if len(x) < 20 else None, label=label)
+        if band and label in band:
+            ax.fill_between(x, band[label][0], band[label][1], alpha=0.2)
+    if hline is not None:
+        ax.axhline(hline, color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log" if logx else "linear")
+    ax.set_yscale("log" if logy else "linear")
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def polar_fan(table: pd.DataFrame, title: str):
+    """Passkey accuracy as a fan: radius = context length (tokens), angle = relative key depth (0..1 over 90°)."""
+    fig = plt.figure(figsize=(5, 5))
+    ax = fig.add_subplot(projection="polar")
+    lengths = np.sort(table["target_length"].unique())
+    depths = np.sort(table["depth_target"].unique())
+    acc = table.pivot_table(index="target_length", columns="depth_target", values="correct", aggfunc="mean")
+    acc = acc.reindex(index=lengths, columns=depths).to_numpy(dtype=float)
+    angle_edges = np.linspace(0, np.pi / 2, len(depths) + 1)
+    r_edges = np.concatenate([[0], lengths])
+    mesh = ax.pcolormesh(angle_edges, r_edges, acc, cmap="viridis", vmin=0, vmax=1, shading="flat")
+    ax.set_thetamin(0)
+    ax.set_thetamax(90)
+    ax.set_title(title)
+    ax.set_xlabel("context length (tokens, radius); key depth (angle, 0° = start, 90° = end)")
+    fig.colorbar(mesh, ax=ax, label="passkey accuracy", shrink=0.7)
+    return fig
