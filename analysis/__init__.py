@@ -5,11 +5,16 @@ Reads stored results (dumps, results tables, MLflow) and never needs a live tria
 in `analysis.load` and the theory curves in `analysis.theory`.
 """
 
+from pathlib import Path
+
 from analysis.fourier import distance_profile, fourier_magnitude, rope_band_magnitude
 from analysis.rank import effective_rank, layerwise_rank, rank_difference, row_entropy
 from analysis.stats import bootstrap_ci
 
+NOTEBOOKS_DIR = Path(__file__).resolve().parent / "notebooks"
+
 __all__ = [
+    "NOTEBOOKS_DIR",
     "bootstrap_ci",
     "distance_profile",
     "effective_rank",

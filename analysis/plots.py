@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -37,6 +38,8 @@ def line_figure(series: dict[str, tuple[np.ndarray, np.ndarray]], xlabel: str, y
     ax.set_xscale("log" if logx else "linear")
     ax.set_yscale("log" if logy else "linear")
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    if xlabel == "layer":
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return fig

@@ -97,7 +97,7 @@ def test_truncated_and_foreign_files_get_clear_errors(tiny_sweep, tmp_path):
     path = sweep_cells(tiny_sweep)["attention_path"][0]
     cut = tmp_path / "cut.parquet"
     cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    with pytest.raises(ValueError, match="cut.parquet: not a readable Parquet file"):
+    with pytest.raises(ValueError, match=r"cut\.parquet: not a readable Parquet file"):
         load_stats(cut)
     foreign = tmp_path / "foreign.parquet"
     pd.DataFrame({"a": [1]}).to_parquet(foreign)
@@ -143,3 +143,19 @@ def test_bench_analysis_reports_side_by_side_rates():
 
     rows = json.loads(out.stdout)
     assert [r["L"] for r in rows] == [256, 1024] and all(r["maps_per_s"] > 0 and r["speedup"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("name", ["a_attention_explorer", "b_rank_and_fourier", "c_results_and_tables"])
+def test_notebooks_run_top_to_bottom_on_a_sweep(tiny_sweep, name):
+    import nbformat
+    from nbclient import NotebookClient
+
+    from analysis import NOTEBOOKS_DIR
+
+    nb = nbformat.read(NOTEBOOKS_DIR / f"{name}.ipynb", as_version=4)
+    params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    params.source = f"sweep_dir = {str(tiny_sweep)!r}"
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tiny_sweep)}}).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert any(o.output_type in ("execute_result", "display_data", "stream") for o in outputs)
