@@ -15,7 +15,7 @@ from trainer.batches import val_windows
 from trainer.config import EvalConfig
 from trainer.generate import greedy_generate
 from trainer.model import Llama
-from trainer.passkey.prompt import PasskeyPrompter, first_integer
+from trainer.passkey.prompt import PasskeyPrompter, first_integer, stop_after_number
 
 __all__ = ["Autocast", "PasskeyResult", "evaluate_passkey", "evaluate_validation", "window_loss"]
 
@@ -71,15 +71,6 @@ class PasskeyResult:
     rows: list[dict]
 
 
-def _digits_done(tok) -> Callable[[list[int]], bool]:
-    def stop(ids: list[int]) -> bool:
-        text = tok.decode(ids)
-        stripped = text.lstrip()
-        return bool(stripped) and (not stripped[0].isdigit() or not text.rstrip()[-1:].isdigit())
-
-    return stop
-
-
 @torch.no_grad()
 def evaluate_passkey(
     model: Llama,
@@ -97,7 +88,7 @@ def evaluate_passkey(
     model.eval()
     rng = np.random.default_rng([seed, 7919])
     fmt = prompter.fmt
-    stop = _digits_done(prompter.tok)
+    stop = stop_after_number(prompter.tok)
     rows = []
     try:
         for factor in length_factors:

@@ -26,6 +26,18 @@ def first_integer(text: str) -> str | None:
     return m.group(0) if m else None
 
 
+def stop_after_number(tok: Tokenizer):
+    """A decoding stop rule: true once the generated text holds a number followed by something else
+    (or starts with a non-digit)."""
+
+    def stop(ids: list[int]) -> bool:
+        text = tok.decode(ids)
+        stripped = text.lstrip()
+        return bool(stripped) and (not stripped[0].isdigit() or not text.rstrip()[-1:].isdigit())
+
+    return stop
+
+
 @dataclass
 class PasskeyPrompt:
     """Token ids of one prompt and its answer, with the key's place."""

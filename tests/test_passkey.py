@@ -1,0 +1,120 @@
+"""The passkey dataset builder (token-exact buckets, depth coverage, budgets, provenance) and its evaluator."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from trainer.passkey.builder import BuildConfig, build_dataset
+from trainer.tokenizer import ByteTokenizer
+
+NAME = re.compile(r"^x(\d+)_y(\d+)_xt(\d+)_yt(\d+)_T(\d+)\.jsonl$")
+MULTI = dict(multi_token=True, v_min=10000, v_max=99999, max_len=1280, lines_per_file=3)
+
+
+def files_of(root):
+    return sorted(p for p in root.glob("*/*.jsonl"))
+
+
+def test_every_file_retokenizes_inside_its_bucket_and_matches_its_name(tmp_path, cache_dir):
+    tok = ByteTokenizer()
+    res = build_dataset(tok, BuildConfig(**MULTI), tmp_path / "ds", cache_dir=cache_dir)
+    meta = json.loads((tmp_path / "ds" / "dataset_meta.json").read_text())
+    f_tokens = meta["filler_tokens"]
+    widths = {u: u - low for low, u in meta["buckets"]}
+    found = files_of(tmp_path / "ds")
+    assert len(found) == res["files"] > 5
+    depths = set()
+    for f in found:
+        x, y, xt, yt, t = map(int, NAME.match(f.name).groups())
+        u = int(f.parent.name)
+        assert (xt, yt) == (x * f_tokens, y * f_tokens) and u - widths[u] < t <= u
+        for line in f.read_text().splitlines():
+            item = json.loads(line)
+            assert len(tok.encode(item["question"])) == t
+            assert f"The pass key is {item['answer']}." in item["question"]
+        depths.add(round(x / (x + y), 2))
+    assert min(depths) < 0.2 and max(depths) > 0.8  # early-key to late-key coverage
+    assert {"tokenizer", "buckets", "passkey_range", "filler_tokens", "base_tokens", "seed", "budget_bytes"} <= set(meta)
+
+
+def test_dry_run_plan_equals_written_plan_and_budgets_hold_to_the_byte(tmp_path, cache_dir):
+    tok = ByteTokenizer()
+    cfg = BuildConfig(**{**MULTI, "budget_bytes": 30_000})
+    dry = build_dataset(tok, cfg, tmp_path / "dry", dry_run=True, cache_dir=cache_dir)
+    real = build_dataset(tok, cfg, tmp_path / "real", cache_dir=cache_dir)
+    assert not files_of(tmp_path / "dry") and dry["plan"] == real["plan"]
+    assert dry["bytes"] == real["bytes"] and "bucket cap" in real["stop_reasons"].values()
+    on_disk = sum(f.stat().st_size for f in files_of(tmp_path / "real"))
+    assert on_disk == real["bytes"] <= real["estimated_bytes"] <= 30_000
+    caps = json.loads((tmp_path / "real" / "dataset_meta.json").read_text())["bucket_caps"]
+    for u, stats in real["buckets"].items():
+        assert stats["bytes"] <= caps[u]
+    assert caps["512"] > caps["1280"]  # caps shrink as U grows
+    flat = build_dataset(tok, BuildConfig(**{**MULTI, "budget_bytes": 20_000, "bucket_cap_bytes": 10**9}),
+                         tmp_path / "flat", cache_dir=cache_dir)
+    assert "global budget" in flat["stop_reasons"].values() and flat["bytes"] <= 20_000
+
+
+def test_same_seed_gives_byte_identical_output(tmp_path, cache_dir):
+    tok = ByteTokenizer()
+    for d in ("a", "b"):
+        build_dataset(tok, BuildConfig(**MULTI), tmp_path / d, cache_dir=cache_dir)
+    a, b = files_of(tmp_path / "a"), files_of(tmp_path / "b")
+    assert [f.relative_to(tmp_path / "a") for f in a] == [f.relative_to(tmp_path / "b") for f in b]
+    assert all(x.read_bytes() == y.read_bytes() for x, y in zip(a, b, strict=True))
+    other = build_dataset(tok, BuildConfig(**{**MULTI, "seed": 7}), tmp_path / "c", cache_dir=cache_dir)
+    assert other["files"] == len(a)
+    assert any(x.read_bytes() != y.read_bytes() for x, y in zip(a, files_of(tmp_path / "c"), strict=True))
+
+
+def test_single_token_pool_and_its_empty_pool_error(tmp_path, cache_dir):
+    tok = ByteTokenizer()
+    res = build_dataset(tok, BuildConfig(form="nospace", v_min=1, v_max=9, max_len=768), tmp_path / "ds",
+                        cache_dir=cache_dir)
+    assert res["lines"] > 0
+    with pytest.raises(ValueError, match="try --form nospace, or --multi-token"):
+        build_dataset(tok, BuildConfig(v_min=1, v_max=99), tmp_path / "x", cache_dir=cache_dir)
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--v-min", "10", "--v-max", "5"], "--v-min 10 > --v-max 5"),
+        (["--budget", "0"], "--budget 0"),
+        (["--min-len", "0", "--max-len", "600", "--multi-token"], "narrower than the template"),
+        (["--bucket-width", "16", "--multi-token"], "--bucket-width 16 is narrower than one filler"),
+        (["--tokenizer", "/nope/tokenizer.json"], "--tokenizer '/nope/tokenizer.json'"),
+    ],
+)
+def test_bad_builder_inputs_exit_2(tmp_path, args, match):
+    if "--tokenizer" not in args:
+        args = ["--tokenizer", "bytes", *args]
+    out = subprocess.run([sys.executable, "-m", "hdrope.console", "passkey", "build", "--out", str(tmp_path / "o"),
+                          *args], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and match in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_evaluator_scores_a_checkpoint_into_a_parquet_table(tmp_path, tiny_cfg, cache_dir):
+    from trainer.loop import train
+
+    run = train(tiny_cfg("train.steps=4", "eval.passkey.enabled=false", "eval.extrapolation_batches=0"))
+    build_dataset(ByteTokenizer(), BuildConfig(**{**MULTI, "max_len": 768, "lines_per_file": 1}), tmp_path / "ds",
+                  cache_dir=cache_dir)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = subprocess.run([sys.executable, "-m", "hdrope.console", "passkey", "eval", str(run.checkpoint),
+                          str(tmp_path / "ds"), "--no-progress", "--tracking-uri", uri],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    table = pd.read_parquet(out.stdout.strip().splitlines()[-1])
+    assert set(table["bucket_u"]) == {512, 768}
+    assert table["n"].sum() == len(files_of(tmp_path / "ds")) and table["accuracy"].between(0, 1).all()
+    assert (table["rotation_dim"] == 4).all() and (table["config_hash"] == run.config_hash).all()
+    import mlflow
+
+    client = mlflow.MlflowClient(uri)
+    (r,) = client.search_runs([client.get_experiment_by_name("hdrope-passkey").experiment_id])
+    assert {"passkey_acc", "passkey_acc_U512", "passkey_acc_U768"} <= set(r.data.metrics)
