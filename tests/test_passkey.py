@@ -38,7 +38,8 @@ def test_every_file_retokenizes_inside_its_bucket_and_matches_its_name(tmp_path,
             assert f"The pass key is {item['answer']}." in item["question"]
         depths.add(round(x / (x + y), 2))
     assert min(depths) < 0.2 and max(depths) > 0.8  # early-key to late-key coverage
-    assert {"tokenizer", "buckets", "passkey_range", "filler_tokens", "base_tokens", "seed", "budget_bytes"} <= set(meta)
+    need = {"tokenizer", "buckets", "passkey_range", "filler_tokens", "base_tokens", "seed", "budget_bytes"}
+    assert need <= set(meta)
 
 
 def test_dry_run_plan_equals_written_plan_and_budgets_hold_to_the_byte(tmp_path, cache_dir):

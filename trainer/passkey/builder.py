@@ -120,9 +120,9 @@ def passkey_pool(tok: Tokenizer, cfg: BuildConfig, cache_dir: str = "") -> list[
 def _buckets(cfg: BuildConfig) -> list[tuple[int, int]]:
     out, low, width = [], cfg.min_len, cfg.bucket_width
     while low < cfg.max_len:
-        if cfg.adaptive_stride:
-            width = cfg.bucket_width * 2 ** max(0, int(math.floor(math.log2(max(low, 1) / cfg.stride_from))) + 1) \
-                if low >= cfg.stride_from else cfg.bucket_width
+        if cfg.adaptive_stride:  # double the width at stride_from, 2·stride_from, 4·stride_from, …
+            doublings = math.floor(math.log2(low / cfg.stride_from)) + 1 if low >= cfg.stride_from else 0
+            width = cfg.bucket_width * 2**doublings
         high = min(low + width, cfg.max_len)
         out.append((low, high))
         low = high

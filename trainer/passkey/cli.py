@@ -25,8 +25,8 @@ def resolve_tokenizer(spec: str, cache_dir: str = ""):
     try:
         return load_tokenizer(spec)
     except ValueError as err:
-        raise ValueError(f"--tokenizer {spec!r}: unknown tokenizer ({err}); use bytes, bpe:N or a tokenizer.json path") \
-            from None
+        hint = "use bytes, bpe:N or a tokenizer.json path"
+        raise ValueError(f"--tokenizer {spec!r}: unknown tokenizer ({err}); {hint}") from None
 
 
 def _build(a: argparse.Namespace) -> int:
