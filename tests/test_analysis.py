@@ -159,3 +159,21 @@ def test_notebooks_run_top_to_bottom_on_a_sweep(tiny_sweep, name):
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     assert any(o.output_type in ("execute_result", "display_data", "stream") for o in outputs)
+
+
+def test_report_is_logged_to_the_sweeps_mlflow_parent_run(tiny_sweep, tmp_path):
+    import shutil
+
+    import mlflow
+
+    from analysis.report import build_report
+    from sweeps.tracking import SweepTracker
+
+    sweep = tmp_path / "copy"
+    shutil.copytree(tiny_sweep, sweep, ignore=shutil.ignore_patterns("report"))
+    uri = f"sqlite:///{sweep / 'mlflow.db'}"
+    parent = SweepTracker(uri, "tinysweep", sweep / "artifacts").parent_run()
+    report = build_report(sweep)
+    assert report == sweep / "report" / "report.md"
+    names = {a.path for a in mlflow.MlflowClient(uri).list_artifacts(parent, "report")}
+    assert "report/report.md" in names and any(n.endswith(".png") for n in names)
