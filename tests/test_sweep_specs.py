@@ -2,6 +2,7 @@
 
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -123,3 +124,14 @@ def test_checkpoint_every_and_storage_flow_into_each_cell(tmp_path):
     plan = prepare(str(write(tmp_path, GOOD + "checkpoint_every: 7\n")))
     assert {c.config.train.ckpt_every for c in plan.cells} == {7}
     assert all(str(tmp_path / "store" / "ok" / "cells") in c.config.train.out_dir for c in plan.cells)
+
+
+REPO = Path(__file__).resolve().parent.parent
+SHIPPED = [str(p.relative_to(REPO)) for p in sorted(REPO.glob("experiments/tables/*.yaml"))]
+SHIPPED += ["sweeps/quickstart.yaml", "sweeps/ablation.yaml", "sweeps/paper_grid.yaml"]
+
+
+@pytest.mark.parametrize("path", SHIPPED)
+def test_shipped_specs_validate(path):
+    plan = prepare(str(REPO / path))
+    assert plan.cells and all(c.config.train.seed >= 0 for c in plan.cells)
