@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,10 @@ class TrackingCallback(tune.Callback):
     def __init__(self, uri: str, payload: dict[str, Any]) -> None:
         self.uri, self.payload = uri, payload
         self._tracker: SweepTracker | None = None
+        self._resolved: dict[str, tuple[str, str, Path]] = {}
 
     def __getstate__(self) -> dict[str, Any]:  # Tune pickles callbacks with the experiment state
-        return {"uri": self.uri, "payload": self.payload, "_tracker": None}
+        return {"uri": self.uri, "payload": self.payload, "_tracker": None, "_resolved": {}}
 
     @property
     def tracker(self) -> SweepTracker:
@@ -32,6 +34,12 @@ class TrackingCallback(tune.Callback):
 
     def run_for(self, trial_config: dict[str, Any]) -> tuple[str, str, Path]:
         """(cell_id, run_id, cell dir) of a trial; creates the run the first time a cell is seen."""
+        key = json.dumps(trial_config, sort_keys=True, default=str)
+        if key not in self._resolved:  # on_trial_result is a hot path: resolve each trial's config once
+            self._resolved[key] = self._resolve(trial_config)
+        return self._resolved[key]
+
+    def _resolve(self, trial_config: dict[str, Any]) -> tuple[str, str, Path]:
         cell_id, cfg, values = resolve_cell(self.payload, trial_config)
         cell = self.payload["cells"].get(cell_id, {})
         tags = {"dedup_group": cell.get("group", ""), "axes": ", ".join(f"{k}={v}" for k, v in values.items())}

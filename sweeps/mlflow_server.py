@@ -35,7 +35,11 @@ def start_server(backend_uri: str, host: str = "127.0.0.1", port: int = 5000, ti
 
 def serve_forever(backend_uri: str, host: str = "127.0.0.1", port: int = 5000) -> int:
     """Run the MLflow UI until interrupted, printing its URL."""
-    proc, url = start_server(backend_uri, host, port)
+    try:
+        proc, url = start_server(backend_uri, host, port)
+    except RuntimeError as err:
+        raise ValueError(f"could not start the MLflow UI on {host}:{port} ({str(err)[:300]}); "
+                         "if the port is taken, pick another with --port") from None
     print(f"MLflow UI for {backend_uri}: {url}  (Ctrl-C to stop)", flush=True)
     try:
         return proc.wait()

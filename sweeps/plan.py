@@ -20,7 +20,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from sweeps.spec import SpecError, SweepSpec, check_name
-from trainer.config import RunConfig, config_errors, config_hash
+from trainer.config import METRIC_NAMES, RunConfig, config_errors, config_hash
 from trainer.presets import merge_config, preset_layer
 
 __all__ = ["Cell", "Plan", "cell_config", "make_plan", "metric_driven", "sweep_dir"]
@@ -165,8 +165,7 @@ def _check_spec(spec: SweepSpec) -> list[str]:
             p.append(f"axes.{key}: must be a non-empty list of values, got {values!r}")
         elif len({json.dumps(v, sort_keys=True, default=str) for v in values}) != len(values):
             p.append(f"axes.{key}: has repeated values {values!r}; list each value once")
-    if s.metric not in ("val_loss", "val_bpb", "train_loss", "passkey_acc", "val_loss_x2", "val_loss_x4",
-                        "val_loss_x8"):
+    if s.metric not in METRIC_NAMES:
         p.append(f"search.metric={s.metric!r}: choose a trainer metric such as val_loss or passkey_acc")
     return p
 

@@ -15,10 +15,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from trainer.config import METRIC_NAMES
+
 __all__ = ["cell_rows", "write_results"]
 
-_METRICS = ("train_loss", "val_loss", "val_bpb", "tokens_per_s", "mfu", "val_loss_x2", "val_loss_x4",
-            "val_loss_x8", "passkey_acc")
 
 
 def _status(cell_dir: Path) -> tuple[str, str | None, dict[str, Any]]:
@@ -31,40 +31,34 @@ def _status(cell_dir: Path) -> tuple[str, str | None, dict[str, Any]]:
     return "PENDING", None, {}
 
 
+def _row(name: str, cell_id: str, trained_dir: Path, cfg, dedup_of: str | None, config_hash: str | None,
+         values: dict[str, Any]) -> dict[str, Any]:
+    status, error, result = _status(trained_dir)
+    pe, metrics = cfg.model.pe, result.get("metrics", {})
+    return {
+        "sweep": name, "cell_id": cell_id, "trained_cell": trained_dir.name, "dedup_of": dedup_of,
+        "status": status, "error": error, "config_hash": config_hash or result.get("config_hash"),
+        "pe_kind": pe.kind, "rotation_dim": 2 if pe.kind == "rope" else int(pe.rotation_dim),
+        "basis": pe.basis, "theta": float(pe.theta), "seed": int(cfg.train.seed), "steps": int(cfg.train.steps),
+        "run_dir": str(trained_dir),
+        **{k: json.dumps(v) if isinstance(v, (list, dict)) else str(v) for k, v in values.items()},
+        **{m: (float(metrics[m]) if metrics.get(m) is not None else None) for m in METRIC_NAMES},
+    }
+
+
 def cell_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
     """One dict per planned cell with its status and final metrics (a deduplicated cell takes its representative's)."""
     from omegaconf import OmegaConf
 
-    rows = []
     root = Path(payload["root"])
-    for cell_id, cell in payload["cells"].items():
-        trained = cell["dedup_of"] or cell_id
-        status, error, result = _status(root / "cells" / trained)
-        cfg = OmegaConf.create(cell["config"])
-        pe = cfg.model.pe
-        row: dict[str, Any] = {
-            "sweep": payload["name"], "cell_id": cell_id, "trained_cell": trained, "dedup_of": cell["dedup_of"],
-            "status": status, "error": error, "config_hash": cell["config_hash"],
-            "pe_kind": pe.kind, "rotation_dim": 2 if pe.kind == "rope" else int(pe.rotation_dim),
-            "basis": pe.basis, "theta": float(pe.theta), "seed": int(cfg.train.seed), "steps": int(cfg.train.steps),
-            "run_dir": str(root / "cells" / trained),
-        }
-        row.update({k: json.dumps(v) if isinstance(v, (list, dict)) else str(v) for k, v in cell["values"].items()})
-        metrics = result.get("metrics", {})
-        row.update({m: (float(metrics[m]) if metrics.get(m) is not None else None) for m in _METRICS})
-        rows.append(row)
+    rows = [_row(payload["name"], cell_id, root / "cells" / (cell["dedup_of"] or cell_id),
+                 OmegaConf.create(cell["config"]), cell["dedup_of"], cell["config_hash"], cell["values"])
+            for cell_id, cell in payload["cells"].items()]
     for cell_dir in sorted((root / "cells").glob("t-*")):  # Optuna trials, named by their sampled values
         if (cell_dir / "config.yaml").is_file():
             cfg = OmegaConf.load(cell_dir / "config.yaml")
-            status, error, result = _status(cell_dir)
-            metrics = result.get("metrics", {})
-            rows.append({"sweep": payload["name"], "cell_id": cell_dir.name, "trained_cell": cell_dir.name,
-                         "dedup_of": None, "status": status, "error": error, "config_hash": result.get("config_hash"),
-                         "pe_kind": cfg.model.pe.kind, "rotation_dim": int(cfg.model.pe.rotation_dim),
-                         "basis": cfg.model.pe.basis, "theta": float(cfg.model.pe.theta), "seed": int(cfg.train.seed),
-                         "steps": int(cfg.train.steps), "run_dir": str(cell_dir),
-                         **{k: str(OmegaConf.select(cfg, k)) for k in payload["space"]},
-                         **{m: metrics.get(m) for m in _METRICS}})
+            values = {k: OmegaConf.select(cfg, k) for k in payload["space"]}
+            rows.append(_row(payload["name"], cell_dir.name, cell_dir, cfg, None, None, values))
     return rows
 
 

@@ -101,8 +101,8 @@ def _tuner(payload: dict[str, Any], spec: SweepSpec, uri: str, restore: bool):
                                   grace_period=max(1, steps // 8))
     search_alg, num_samples = None, 1
     if s.kind == "optuna":
-        param_space, search_alg, num_samples = _optuna(spec, root), None, s.n_trials
-        search_alg = param_space.pop("__search_alg__")
+        param_space, search_alg = _optuna(spec, root)
+        num_samples = s.n_trials
     else:
         to_run = [cid for cid, c in payload["cells"].items() if c["dedup_of"] is None]
         param_space = {"cell": tune.grid_search(to_run)}
@@ -123,7 +123,8 @@ def _tuner(payload: dict[str, Any], spec: SweepSpec, uri: str, restore: bool):
     )
 
 
-def _optuna(spec: SweepSpec, root: Path) -> dict[str, Any]:
+def _optuna(spec: SweepSpec, root: Path) -> tuple[dict[str, Any], Any]:
+    """Tune's search space for spec.search.space and an OptunaSearch whose study lives in a journal file."""
     import optuna
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
@@ -140,20 +141,20 @@ def _optuna(spec: SweepSpec, root: Path) -> dict[str, Any]:
             space[key] = (tune.loguniform if dim.log else tune.uniform)(dim.low, dim.high)
     sampler_cls = optuna.samplers.TPESampler if spec.search.sampler == "tpe" else optuna.samplers.RandomSampler
     storage = JournalStorage(JournalFileBackend(str(root / "optuna.journal")))
-    space["__search_alg__"] = OptunaSearch(metric=spec.search.metric, mode=spec.search.mode,
-                                           sampler=sampler_cls(seed=42), study_name=spec.name, storage=storage)
-    return space
+    searcher = OptunaSearch(metric=spec.search.metric, mode=spec.search.mode, sampler=sampler_cls(seed=42),
+                            study_name=spec.name, storage=storage)
+    return space, searcher
 
 
-def _reconcile(payload: dict[str, Any], uri: str, grid) -> list[str]:
-    """Final MLflow statuses: failed cells FAILED with their error, dedup cells get their representative's result."""
+def _reconcile(payload: dict[str, Any], uri: str) -> tuple[int, list[str]]:
+    """Final MLflow statuses: failed cells FAILED with their error, dedup cells get their representative's result.
+
+    Returns (cells finished, failed cell ids)."""
     from sweeps.callback import TrackingCallback
 
-    tracker = SweepTracker(uri, payload["name"], Path(payload["root"]) / "artifacts")
-
     cb = TrackingCallback(uri, payload)
-    cb._tracker = tracker
-    failed = []
+    tracker = cb.tracker
+    failed, finished = [], 0
     for row in cell_rows(payload):
         if row["cell_id"].startswith("t-") and row["status"] == "PENDING":
             continue
@@ -167,13 +168,14 @@ def _reconcile(payload: dict[str, Any], uri: str, grid) -> list[str]:
                 tracker.log_metrics(run_id, int(row["steps"]), metrics)
                 tracker.log_artifacts(run_id, Path(row["run_dir"]))
             tracker.set_status(run_id, "FINISHED")
+            finished += 1
         else:
             failed.append(row["cell_id"])
             tracker.set_status(run_id, "FAILED", row["error"] or "the trial did not finish")
     parent = tracker.parent_run()
     tracker.client.set_tag(parent, "failed_cells", ",".join(failed) or "none")
     tracker.set_status(parent, "FINISHED" if not failed else "FAILED")
-    return failed
+    return finished, failed
 
 
 def _execute(payload: dict[str, Any], spec: SweepSpec, address: str | None, uri: str, restore: bool) -> int:
@@ -188,13 +190,13 @@ def _execute(payload: dict[str, Any], spec: SweepSpec, address: str | None, uri:
         old_cwd = None
     os.chdir(payload["root"])
     try:
-        grid = tuner.fit()
+        tuner.fit()
     finally:
         if old_cwd and os.path.isdir(old_cwd):
             os.chdir(old_cwd)
-    failed = _reconcile(payload, uri, grid)
+    finished, failed = _reconcile(payload, uri)
     path = write_results(payload)
-    print(f"sweep {spec.name}: {len(payload['cells']) - len(failed)} cells finished, {len(failed)} failed; "
+    print(f"sweep {spec.name}: {finished} cells finished, {len(failed)} failed; "
           f"results {path}; MLflow: hdrope ui {payload['root']}", file=sys.stderr)
     return 1 if failed else 0
 

@@ -13,10 +13,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainer.config import METRIC_NAMES
+from trainer.reporting import log_params
+
 __all__ = ["METRICS", "SweepTracker", "default_tracking_uri", "git_commit"]
 
-METRICS = ("train_loss", "val_loss", "val_bpb", "tokens_per_s", "mfu", "lr", "val_loss_x2", "val_loss_x4",
-           "val_loss_x8", "passkey_acc")
+METRICS = (*METRIC_NAMES, "lr")
 
 
 def default_tracking_uri(root: Path) -> str:
@@ -63,8 +65,7 @@ class SweepTracker:
             if run_id is None:
                 tags = {"sweep": self.sweep, "role": "parent", "git_commit": git_commit()}
                 run_id = self.client.create_run(self.experiment_id, run_name=self.sweep, tags=tags).info.run_id
-                for k, v in (params or {}).items():
-                    self.client.log_param(run_id, k, str(v)[:6000])
+                log_params(self.client, run_id, params or {})
             self._runs["__parent__"] = run_id
         return self._runs["__parent__"]
 
@@ -74,15 +75,11 @@ class SweepTracker:
             return self._runs[cell_id]
         run_id = self._find(sweep=self.sweep, cell_id=cell_id)
         if run_id is None:
-            from mlflow.entities import Param
-
             all_tags = {"sweep": self.sweep, "role": "cell", "cell_id": cell_id, "config_hash": config_hash,
                         "git_commit": git_commit(), "mlflow.parentRunId": self.parent_run(), **tags}
             run = self.client.create_run(self.experiment_id, run_name=cell_id, tags=all_tags)
             run_id = run.info.run_id
-            items = [Param(k, str(v)[:6000]) for k, v in params.items()]
-            for i in range(0, len(items), 100):
-                self.client.log_batch(run_id, params=items[i : i + 100])
+            log_params(self.client, run_id, params)
         self._runs[cell_id] = run_id
         return run_id
 

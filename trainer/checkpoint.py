@@ -29,8 +29,8 @@ _FILES = ("model.safetensors", "trainer_state.pt", "state.json")
 _PREFIX = "step_"
 
 
-def _rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "numpy": torch.from_numpy(np.random.get_state()[1].astype(np.int64))}
+def _rng_state(np_state: tuple) -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "numpy": torch.from_numpy(np_state[1].astype(np.int64))}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -45,9 +45,8 @@ def save_checkpoint(
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
     try:
         save_model(model, str(tmp / "model.safetensors"))
-        rng = _rng_state()
         np_state = np.random.get_state()
-        torch.save({"optimizer": optimizer.state_dict(), "rng": rng}, tmp / "trainer_state.pt")
+        torch.save({"optimizer": optimizer.state_dict(), "rng": _rng_state(np_state)}, tmp / "trainer_state.pt")
         py_state = random.getstate()
         full = {
             **state,

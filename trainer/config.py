@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from trainer.model import ModelArgs, validate_model_args
 
 __all__ = [
+    "METRIC_NAMES",
     "DataConfig",
     "DumpConfig",
     "EvalConfig",
@@ -30,6 +31,10 @@ __all__ = [
     "flatten_config",
     "validate_config",
 ]
+
+# The stable metric names a run reports (the contract); `lr` is logged too while training.
+METRIC_NAMES = ("train_loss", "val_loss", "val_bpb", "tokens_per_s", "mfu", "val_loss_x2", "val_loss_x4",
+                "val_loss_x8", "passkey_acc")
 
 # Keys that say where or how verbosely a run writes, not what it computes.
 _NON_SEMANTIC = ("train.out_dir", "train.log_every", "train.threads", "train.progress", "data.cache_dir")

@@ -9,7 +9,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MLflowReporter", "ProgressReporter", "Reporter", "Reporters"]
+__all__ = ["MLflowReporter", "ProgressReporter", "Reporter", "Reporters", "log_params"]
+
+
+def log_params(client, run_id: str, params: dict[str, Any]) -> None:
+    """Log params to an MLflow run in batches of 100 (values cut to MLflow's 6000-character limit)."""
+    from mlflow.entities import Param
+
+    items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+    for i in range(0, len(items), 100):
+        client.log_batch(run_id, params=items[i : i + 100])
 
 
 class Reporter:
@@ -103,11 +112,7 @@ class MLflowReporter(Reporter):
         self.run_id = self.client.create_run(exp_id, run_name=run_name, tags=tags or {}).info.run_id
 
     def start(self, run_dir, params, total_steps, start_step):
-        from mlflow.entities import Param
-
-        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
-        for i in range(0, len(items), 100):
-            self.client.log_batch(self.run_id, params=items[i : i + 100])
+        log_params(self.client, self.run_id, params)
 
     def log(self, step, metrics):
         import time

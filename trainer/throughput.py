@@ -31,7 +31,7 @@ def flops_per_token(a: ModelArgs, seq_len: int) -> float:
 
 
 @functools.lru_cache(maxsize=4)
-def _measured(device: str, dtype: torch.dtype, threads: int) -> float:
+def _measured(device: str, dtype: torch.dtype, threads: int) -> float:  # threads: part of the cache key
     n = 1024
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
