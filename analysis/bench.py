@@ -19,6 +19,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from hdrope.errors import UserError
+
 __all__ = ["main", "write_synthetic_dump"]
 
 
@@ -90,7 +92,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     if a.gib <= 0 or a.seconds <= 0:
-        raise ValueError("--gib and --seconds must be > 0")
+        raise UserError("--gib and --seconds must be > 0")
     rows = []
     with tempfile.TemporaryDirectory(dir=a.dir or None) as tmp:
         for length, share in ((256, 0.25), (1024, 0.75)):

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hdrope.errors import UserError
+
 __all__ = ["report_main", "theory_main"]
 
 
@@ -22,9 +24,9 @@ def theory_main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     for n in a.rotation_dim:
         if n < 2 or n % 2 or a.head_dim % n:
-            raise ValueError(f"--rotation-dim {n}: must be even and divide --head-dim {a.head_dim}")
+            raise UserError(f"--rotation-dim {n}: must be even and divide --head-dim {a.head_dim}")
     if any(t <= 1 for t in a.theta):
-        raise ValueError(f"--theta {a.theta}: every base must be > 1")
+        raise UserError(f"--theta {a.theta}: every base must be > 1")
 
     from analysis.plots import line_figure, save
     from analysis.theory import b_curve, decay_curve, mixing_table, theory_table, wavelengths
@@ -62,7 +64,7 @@ def report_main(argv: list[str]) -> int:
     path = Path(a.name)
     if not (path / "results.parquet").is_file():
         if "/" in a.name or ".." in a.name:
-            raise ValueError(f"{a.name!r}: no results.parquet there; give a sweep name or directory")
+            raise UserError(f"{a.name!r}: no results.parquet there; give a sweep name or directory")
         path = Path(a.storage) / a.name
     from analysis.report import build_report
 

@@ -17,6 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from hdrope.errors import UserError
+
 __all__ = [
     "SCALAR_COLUMNS",
     "iter_maps",
@@ -41,20 +43,20 @@ def open_dump(path: str | Path, kind: str = "attention") -> pq.ParquetFile:
     """Open an attention or logit-profile dump, checking it is complete and ours."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"{path}: no such dump file")
+        raise UserError(f"{path}: no such dump file")
     try:
         pf = pq.ParquetFile(path)
     except Exception as err:
         why = type(err).__name__
-        raise ValueError(f"{path}: not a readable Parquet file (truncated or not Parquet: {why})") from None
+        raise UserError(f"{path}: not a readable Parquet file (truncated or not Parquet: {why})") from None
     meta = pf.schema_arrow.metadata or {}
     if _SCHEMA_KEY not in meta:
-        raise ValueError(f"{path}: not an hdrope dump (no {_SCHEMA_KEY.decode()} metadata); "
+        raise UserError(f"{path}: not an hdrope dump (no {_SCHEMA_KEY.decode()} metadata); "
                          "dumps are written by trainer.attention_dump")
     need = {"attention": ("attn", "layer", "head", "erank"), "profile": ("logit_mean", "layer", "head")}[kind]
     missing = [c for c in need if c not in pf.schema_arrow.names]
     if missing:
-        raise ValueError(f"{path}: missing columns {missing}; is this a {kind} dump?")
+        raise UserError(f"{path}: missing columns {missing}; is this a {kind} dump?")
     return pf
 
 
@@ -99,7 +101,7 @@ def load_profiles(path: str | Path, layers=None, heads=None) -> pd.DataFrame:
     try:
         t = pf.read()
     except Exception as err:
-        raise ValueError(f"{path}: unreadable ({type(err).__name__}); the file is truncated") from None
+        raise UserError(f"{path}: unreadable ({type(err).__name__}); the file is truncated") from None
     df = _filter(t, layers, heads, None).to_pandas()
     df["logit_mean"] = df["logit_mean"].map(lambda v: np.asarray(v, dtype=np.float64))
     return df
@@ -109,11 +111,11 @@ def load_results(sweep_dir: str | Path) -> pd.DataFrame:
     """The sweep's results.parquet (one row per cell)."""
     path = Path(sweep_dir) / "results.parquet"
     if not path.is_file():
-        raise ValueError(f"{sweep_dir}: no results.parquet; run `hdrope sweep results NAME` first")
+        raise UserError(f"{sweep_dir}: no results.parquet; run `hdrope sweep results NAME` first")
     try:
         return pq.read_table(path).to_pandas()
     except Exception as err:
-        raise ValueError(f"{path}: unreadable ({type(err).__name__})") from None
+        raise UserError(f"{path}: unreadable ({type(err).__name__})") from None
 
 
 def sweep_cells(sweep_dir: str | Path) -> pd.DataFrame:
@@ -136,7 +138,7 @@ def load_passkey(sweep_dir: str | Path) -> pd.DataFrame:
             t["cell_id"] = cell["cell_id"]
             frames.append(t)
     if not frames:
-        raise ValueError(f"{sweep_dir}: no passkey.parquet in any cell; enable eval.passkey")
+        raise UserError(f"{sweep_dir}: no passkey.parquet in any cell; enable eval.passkey")
     return pd.concat(frames, ignore_index=True)
 
 

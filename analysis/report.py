@@ -20,6 +20,7 @@ from analysis.plots import line_figure, polar_fan, save
 from analysis.rank import rank_difference
 from analysis.stats import mean_ci
 from analysis.theory import pair_frequencies
+from hdrope.errors import UserError
 
 __all__ = ["ablation_table", "build_report"]
 
@@ -179,7 +180,7 @@ def build_report(sweep_dir: str | Path, tracking_uri: str | None = None) -> Path
             figures.append(f)
             md.append(f"![passkey {n}D]({f.name})")
         md.append("")
-    except ValueError as err:
+    except UserError as err:
         md += [f"_No passkey tables: {err}_", ""]
     rank_figs, notes = _rank_section(cells, out)
     if rank_figs:

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from hdrope import HDRotary, describe_basis
+from hdrope.errors import UserError
 
 __all__ = ["b_curve", "decay_curve", "first_zero", "mixing_table", "pair_frequencies", "theory_table", "wavelengths"]
 
@@ -74,7 +75,7 @@ def mixing_table(rotation_dims: list[int], bases: tuple[str, ...] = ("identity",
         for kind in bases:
             try:
                 r = describe_basis(kind, n)
-            except ValueError:
+            except UserError:
                 continue
             rows.append({"rotation_dim": n, "basis": kind, "k_nonzero": r.k_nonzero,
                          "k_nonzero_fraction": r.k_nonzero_fraction, "mu_k": r.mu_k, "mu_q": r.mu_q, "det": r.det})

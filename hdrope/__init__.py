@@ -5,10 +5,12 @@ Depends on torch and numpy only. Public API:
 - `mixing_basis`, `describe_basis`, `BASIS_KINDS`: orthogonal bases Q and their facts.
 - `HDRotary`: the position encoding module.
 - `SCALING_TYPES`, `validate_scaling`: context-extension variants with HF rope_scaling keys.
+- `UserError`: the error raised for bad user input (a ValueError that names the field, value and fix).
 """
 
 from hdrope.bases import BASIS_KINDS, BasisReport, basis_generator, describe_basis, mixing_basis
 from hdrope.conference import conference_matrix, paley_orders
+from hdrope.errors import UserError
 from hdrope.rotary import HDRotary
 from hdrope.scaling import SCALING_TYPES, validate_scaling
 
@@ -17,6 +19,7 @@ __all__ = [
     "SCALING_TYPES",
     "BasisReport",
     "HDRotary",
+    "UserError",
     "basis_generator",
     "conference_matrix",
     "describe_basis",

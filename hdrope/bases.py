@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hdrope.conference import conference_matrix, paley_orders
+from hdrope.errors import UserError
 
 __all__ = [
     "BASIS_KINDS",
@@ -56,7 +57,7 @@ def _paley(n: int, seed: int) -> np.ndarray:
 
 def _hadamard(n: int, seed: int) -> np.ndarray:
     if n < 1 or n & (n - 1):
-        raise ValueError(f"basis 'hadamard' (Sylvester) needs n a power of 2, got n={n}")
+        raise UserError(f"basis 'hadamard' (Sylvester) needs n a power of 2, got n={n}")
     h = np.ones((1, 1))
     while h.shape[0] < n:
         h = np.block([[h, h], [h, -h]])
@@ -83,21 +84,21 @@ BASIS_KINDS: dict[str, Callable[[int, int], np.ndarray]] = {
 def mixing_basis(kind: str, n: int, seed: int = 0) -> np.ndarray:
     """The orthogonal n×n float64 basis of the given kind; ValueError for unknown kinds or orders."""
     if kind not in BASIS_KINDS:
-        raise ValueError(f"unknown basis {kind!r}; choose one of {sorted(BASIS_KINDS)}")
+        raise UserError(f"unknown basis {kind!r}; choose one of {sorted(BASIS_KINDS)}")
     if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"basis order must be a positive integer, got {n!r}")
+        raise UserError(f"basis order must be a positive integer, got {n!r}")
     if kind == "paley":
         try:
             return _paley(int(n), seed)
-        except ValueError as err:
-            raise ValueError(f"basis 'paley': {err}; orders ≤ 64: {paley_orders(64)}") from None
+        except UserError as err:
+            raise UserError(f"basis 'paley': {err}; orders ≤ 64: {paley_orders(64)}") from None
     return BASIS_KINDS[kind](int(n), int(seed))
 
 
 def pair_generator(n: int) -> np.ndarray:
     """J: the generator of pairwise rotations over pairs (0,1), (2,3), … of an even n."""
     if n % 2:
-        raise ValueError(f"rotation dimension must be even, got {n}")
+        raise UserError(f"rotation dimension must be even, got {n}")
     j = np.zeros((n, n))
     for i in range(0, n, 2):
         j[i, i + 1] = -1.0

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from hdrope.errors import UserError
 from hdrope.rotary import HDRotary
 
 __all__ = ["BenchRow", "main", "median_round_robin", "run_rotary_bench"]
@@ -103,7 +104,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = ap.parse_args(argv)
     if args.rounds < 1:
-        raise ValueError(f"--rounds must be ≥ 1, got {args.rounds}")
+        raise UserError(f"--rounds must be ≥ 1, got {args.rounds}")
     if args.threads:
         torch.set_num_threads(args.threads)
     rows, floor = run_rotary_bench(

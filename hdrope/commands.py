@@ -8,6 +8,7 @@ import sys
 
 from hdrope.bases import BASIS_KINDS, describe_basis
 from hdrope.conference import is_paley_order
+from hdrope.errors import UserError
 
 __all__ = ["bases_main", "basis_orders"]
 
@@ -31,7 +32,7 @@ def bases_main(argv: list[str]) -> int:
     ap.add_argument("--csv", action="store_true", help="write CSV instead of a table")
     args = ap.parse_args(argv)
     if args.max_n < 2:
-        raise ValueError(f"--max-n must be ≥ 2, got {args.max_n}")
+        raise UserError(f"--max-n must be ≥ 2, got {args.max_n}")
     header = ["kind", "n", "orth_err", "det", "mu_Q", "K_nnz", "K_nnz_frac", "mu_K"]
     rows = []
     for kind in args.kind or list(BASIS_KINDS):

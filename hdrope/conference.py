@@ -16,6 +16,7 @@ from functools import cache
 
 import numpy as np
 
+from hdrope.errors import UserError
 from hdrope.galois import galois_field, prime_power
 
 __all__ = ["conference_matrix", "is_paley_order", "paley_orders"]
@@ -58,14 +59,14 @@ def _conference(n: int) -> np.ndarray:
 def conference_matrix(n: int) -> np.ndarray:
     """The Paley-I conference matrix of order n as int8; raises ValueError for orders without one."""
     if not isinstance(n, (int, np.integer)) or isinstance(n, bool):
-        raise ValueError(f"conference matrix order must be an integer, got {n!r}")
+        raise UserError(f"conference matrix order must be an integer, got {n!r}")
     n = int(n)
     if not is_paley_order(n):
         if n < 2:
-            raise ValueError(f"no conference matrix of order {n}: the smallest order is 2")
+            raise UserError(f"no conference matrix of order {n}: the smallest order is 2")
         below, above = _nearest_orders(n)
         near = f"{below} or {above}" if below else str(above)
         why = "n must be 2 or q+1 for an odd prime power q"
-        raise ValueError(f"no Paley conference matrix of order {n} ({why}); nearest orders that exist: {near}")
+        raise UserError(f"no Paley conference matrix of order {n} ({why}); nearest orders that exist: {near}")
     out = _conference(n).copy()
     return out

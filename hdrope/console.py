@@ -2,7 +2,8 @@
 
 Commands are named by "module:function" strings and imported only when run, so `import hdrope`
 pulls in nothing from trainer, sweeps or analysis. A command function takes argv (list[str]) and
-returns an exit code. A ValueError escaping a command is a user error: one line, exit code 2.
+returns an exit code. A `hdrope.errors.UserError` escaping a command is a user error: one line, exit
+code 2. Any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+
+from hdrope.errors import UserError
 
 __all__ = ["BENCHES", "COMMANDS", "main"]
 
@@ -53,7 +56,7 @@ def _dispatch(table: dict[str, tuple[str, str]], argv: list[str], prog: str) -> 
         return 2
     try:
         return int(_load(table[name][0])(rest) or 0)
-    except ValueError as err:
+    except UserError as err:
         sys.stderr.write(f"{prog} {name}: error: {err}\n")
         return 2
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hdrope.errors import UserError
+
 __all__ = ["BlockLayout", "block_layout"]
 
 
@@ -51,13 +53,13 @@ def block_layout(head_dim: int, rotation_dim: int) -> BlockLayout:
     """Validate (head_dim, rotation_dim) and describe the layout; ValueError names the fix."""
     for name, v in (("head_dim", head_dim), ("rotation_dim", rotation_dim)):
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 2:
-            raise ValueError(f"{name} must be an integer ≥ 2, got {v!r}")
+            raise UserError(f"{name} must be an integer ≥ 2, got {v!r}")
     if rotation_dim % 2:
-        raise ValueError(f"rotation_dim must be even, got {rotation_dim}")
+        raise UserError(f"rotation_dim must be even, got {rotation_dim}")
     if head_dim % 2:
-        raise ValueError(f"head_dim must be even for any rotary encoding, got {head_dim}")
+        raise UserError(f"head_dim must be even for any rotary encoding, got {head_dim}")
     if rotation_dim > head_dim:
-        raise ValueError(
+        raise UserError(
             f"rotation_dim={rotation_dim} is larger than head_dim={head_dim}; use a rotation_dim ≤ {head_dim}"
         )
     b, r = divmod(head_dim, rotation_dim)

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache, cached_property
 
+from hdrope.errors import UserError
+
 __all__ = ["GaloisField", "galois_field", "prime_power"]
 
 
@@ -154,5 +156,5 @@ def galois_field(q: int) -> GaloisField:
     """The field with q elements; raises ValueError when q is not a prime power."""
     pk = prime_power(q)
     if pk is None:
-        raise ValueError(f"GF({q}) does not exist: {q} is not a prime power")
+        raise UserError(f"GF({q}) does not exist: {q} is not a prime power")
     return GaloisField(*pk)

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from hdrope.bases import BASIS_KINDS, basis_generator
+from hdrope.errors import UserError
 from hdrope.frequencies import BlockLayout, block_layout
 from hdrope.kernels import Kernel, make_kernel, rotate
 from hdrope.mixing import MixPlan, plan_mixing
@@ -50,11 +51,11 @@ class HDRotary(nn.Module):
     ) -> None:
         super().__init__()
         if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta):
-            raise ValueError(f"theta must be a finite number > 1, got {theta!r}")
+            raise UserError(f"theta must be a finite number > 1, got {theta!r}")
         if theta <= 1:
-            raise ValueError(f"theta must be > 1 (RoPE base, e.g. 10000), got {theta!r}")
+            raise UserError(f"theta must be > 1 (RoPE base, e.g. 10000), got {theta!r}")
         if basis not in BASIS_KINDS:
-            raise ValueError(f"unknown basis {basis!r}; choose one of {sorted(BASIS_KINDS)}")
+            raise UserError(f"unknown basis {basis!r}; choose one of {sorted(BASIS_KINDS)}")
         self.layout: BlockLayout = block_layout(head_dim, rotation_dim)
         self.head_dim, self.rotation_dim, self.theta = head_dim, rotation_dim, float(theta)
         self.basis, self.seed, self.fused = basis, int(seed), bool(fused)

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from hdrope.errors import UserError
+
 __all__ = ["SCALING_TYPES", "ScaledFrequencies", "is_seq_dependent", "scale_frequencies", "validate_scaling"]
 
 
@@ -79,7 +81,7 @@ def _longrope(freqs, exps, d, base, p, seq_len) -> ScaledFrequencies:
     short, long_ = np.asarray(p["short_factor"], float), np.asarray(p["long_factor"], float)
     for key, arr in (("short_factor", short), ("long_factor", long_)):
         if arr.shape != freqs.shape:
-            raise ValueError(
+            raise UserError(
                 f"rope_scaling.{key} must list one factor per block frequency "
                 f"({freqs.shape[0]} = head_dim/rotation_dim + leftover pairs), got {arr.shape[0]}"
             )
@@ -133,45 +135,45 @@ def validate_scaling(scaling: Mapping[str, Any] | None) -> dict[str, Any] | None
     if scaling is None:
         return None
     if not isinstance(scaling, Mapping):
-        raise ValueError(f"rope_scaling must be a mapping with a 'rope_type' key, got {scaling!r}")
+        raise UserError(f"rope_scaling must be a mapping with a 'rope_type' key, got {scaling!r}")
     p = dict(scaling)
     if "type" in p and "rope_type" not in p:  # HF's legacy key
         p["rope_type"] = p.pop("type")
     kind = p.pop("rope_type", None)
     if kind in (None, "default"):
         if p:
-            raise ValueError(f"rope_scaling has keys {sorted(p)} but no rope_type")
+            raise UserError(f"rope_scaling has keys {sorted(p)} but no rope_type")
         return None
     if kind not in SCALING_TYPES:
-        raise ValueError(f"rope_scaling.rope_type={kind!r} is unknown; choose one of {sorted(SCALING_TYPES)}")
+        raise UserError(f"rope_scaling.rope_type={kind!r} is unknown; choose one of {sorted(SCALING_TYPES)}")
     spec = SCALING_TYPES[kind]
     missing = [k for k in spec.required if k not in p]
     if missing:
-        raise ValueError(f"rope_scaling ({kind}) is missing required key(s) {missing}")
+        raise UserError(f"rope_scaling ({kind}) is missing required key(s) {missing}")
     unknown = sorted(set(p) - set(spec.required) - set(spec.optional))
     if unknown:
         allowed = sorted(spec.required + spec.optional)
-        raise ValueError(f"rope_scaling ({kind}) has unknown key(s) {unknown}; allowed: {allowed}")
+        raise UserError(f"rope_scaling ({kind}) has unknown key(s) {unknown}; allowed: {allowed}")
     for key, lowest in _NUMBER_KEYS.items():
         if key in p and p[key] is not None:
             v = p[key]
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise ValueError(f"rope_scaling.{key} must be a number, got {v!r}")
+                raise UserError(f"rope_scaling.{key} must be a number, got {v!r}")
             if v < lowest or (lowest == 0.0 and v == 0 and key != "attention_factor"):
-                raise ValueError(f"rope_scaling.{key}={v!r} is out of range; it must be ≥ {lowest} and > 0")
+                raise UserError(f"rope_scaling.{key}={v!r} is out of range; it must be ≥ {lowest} and > 0")
     if _ORIG in p:
         v = p[_ORIG]
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"rope_scaling.{_ORIG} must be a positive integer, got {v!r}")
+            raise UserError(f"rope_scaling.{_ORIG} must be a positive integer, got {v!r}")
     if kind == "llama3" and not p["high_freq_factor"] > p["low_freq_factor"]:
-        raise ValueError("rope_scaling (llama3): high_freq_factor must be greater than low_freq_factor")
+        raise UserError("rope_scaling (llama3): high_freq_factor must be greater than low_freq_factor")
     for key in ("short_factor", "long_factor"):
         if key in p:
             vals = p[key]
             if not isinstance(vals, (list, tuple)) or not all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in vals
             ):
-                raise ValueError(f"rope_scaling.{key} must be a list of positive numbers, got {vals!r}")
+                raise UserError(f"rope_scaling.{key} must be a list of positive numbers, got {vals!r}")
             p[key] = [float(v) for v in vals]
     p["rope_type"] = kind
     return p

@@ -9,6 +9,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from hdrope.errors import UserError
+
 __all__ = ["sweep_main", "ui_main"]
 
 DEFAULT_STORAGE = "runs/sweeps"
@@ -178,5 +180,5 @@ def ui_main(argv: list[str]) -> int:
     elif a.tracking_uri:
         uri = a.tracking_uri
     else:
-        raise ValueError("give a sweep NAME or --tracking-uri")
+        raise UserError("give a sweep NAME or --tracking-uri")
     return serve_forever(uri, a.host, a.port)

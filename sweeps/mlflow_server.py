@@ -7,6 +7,8 @@ import sys
 import time
 import urllib.request
 
+from hdrope.errors import UserError
+
 __all__ = ["serve_forever", "start_server"]
 
 
@@ -38,7 +40,7 @@ def serve_forever(backend_uri: str, host: str = "127.0.0.1", port: int = 5000) -
     try:
         proc, url = start_server(backend_uri, host, port)
     except RuntimeError as err:
-        raise ValueError(f"could not start the MLflow UI on {host}:{port} ({str(err)[:300]}); "
+        raise UserError(f"could not start the MLflow UI on {host}:{port} ({str(err)[:300]}); "
                          "if the port is taken, pick another with --port") from None
     print(f"MLflow UI for {backend_uri}: {url}  (Ctrl-C to stop)", flush=True)
     try:

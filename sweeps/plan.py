@@ -19,6 +19,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from hdrope.errors import UserError
 from sweeps.spec import SpecError, SweepSpec, check_name
 from trainer.config import METRIC_NAMES, RunConfig, config_errors, config_hash
 from trainer.presets import merge_config, preset_layer
@@ -127,7 +128,7 @@ def _check_spec(spec: SweepSpec) -> list[str]:
     p: list[str] = []
     try:
         check_name(spec.name, "name")
-    except ValueError as err:
+    except UserError as err:
         p.append(str(err))
     s = spec.search
     if s.kind not in ("grid", "optuna"):
@@ -175,7 +176,7 @@ def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
     problems = _check_spec(spec)
     try:
         preset_layer(spec.base)
-    except ValueError as err:
+    except UserError as err:
         problems.append(f"base: {err}")
     if problems:
         raise SpecError(source, problems)

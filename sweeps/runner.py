@@ -18,6 +18,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from hdrope.errors import UserError
 from sweeps.plan import Plan, make_plan
 from sweeps.results import cell_rows, write_results
 from sweeps.spec import SweepSpec, load_spec
@@ -42,7 +43,7 @@ def _write_plan(plan: Plan) -> dict[str, Any]:
         if {k: v["config_hash"] for k, v in old["cells"].items()} != {
             k: v["config_hash"] for k, v in payload["cells"].items()
         }:
-            raise ValueError(
+            raise UserError(
                 f"sweep {plan.spec.name!r} already exists at {plan.root} with a different plan; "
                 "give the new sweep another name, or finish the old one with `hdrope sweep resume`"
             )
@@ -60,7 +61,7 @@ def find_sweep(name: str, storage: str = "runs/sweeps") -> dict[str, Any]:
         check_name(name, "sweep name")
         path = Path(storage) / name
     if not (path / "plan.json").is_file():
-        raise ValueError(f"no sweep {name!r} under {storage!r} (no plan.json); pass --storage or the sweep directory")
+        raise UserError(f"no sweep {name!r} under {storage!r} (no plan.json); pass --storage or the sweep directory")
     return json.loads((path / "plan.json").read_text())
 
 

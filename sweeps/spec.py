@@ -29,12 +29,14 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from hdrope.errors import UserError
+
 __all__ = ["NAME_RE", "ParamSpace", "Resources", "Search", "SpecError", "SweepSpec", "check_name", "load_spec"]
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
-class SpecError(ValueError):
+class SpecError(UserError):
     """An invalid spec: every problem, one per line."""
 
     def __init__(self, source: str, problems: list[str]) -> None:
@@ -96,7 +98,7 @@ class SweepSpec:
 def check_name(value: str, what: str) -> None:
     """ValueError unless value is a plain name that cannot escape its directory."""
     if not isinstance(value, str) or not NAME_RE.match(value) or ".." in value:
-        raise ValueError(
+        raise UserError(
             f"{what}={value!r} is not a plain name; use 1-100 letters, digits, '.', '_' or '-' "
             "(no '/', no '..'), starting with a letter or digit"
         )

@@ -12,6 +12,7 @@ import os
 import shlex
 from pathlib import Path
 
+from hdrope.errors import UserError
 from sweeps.runner import prepare
 
 __all__ = ["job_logs", "job_status", "submit_sweep"]
@@ -36,7 +37,7 @@ def submit_sweep(spec_path: str, address: str, overrides: list[str] | None = Non
     work = Path(working_dir).resolve()
     spec = Path(spec_path).resolve()
     if not spec.is_relative_to(work):
-        raise ValueError(f"spec {spec_path!r} is outside --working-dir {str(work)!r}; the job only sees that folder")
+        raise UserError(f"spec {spec_path!r} is outside --working-dir {str(work)!r}; the job only sees that folder")
     sets = [*overrides, f"storage={plan.root.parent}"]
     entry = " ".join(["python -m hdrope.console sweep run", shlex.quote(str(spec.relative_to(work))),
                       "--address auto", *(f"--set {shlex.quote(s)}" for s in sets)])

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 import torch
 
 from hdrope.diagnostics import effective_rank, row_entropy
+from hdrope.errors import UserError
 from trainer.config import DumpConfig
 from trainer.model import Llama
 
@@ -72,7 +73,7 @@ def check_budget(cfg: DumpConfig, n_layers: int, n_heads: int, train_len: int) -
     need = dump_bytes(cfg, n_layers, n_heads, train_len)
     if need > cfg.byte_budget:
         layers, heads, length = dump_selection(cfg, n_layers, n_heads, train_len)
-        raise ValueError(
+        raise UserError(
             f"attention dump needs {need / 2**20:.1f} MiB (samples={cfg.samples} x layers={len(layers)} x "
             f"heads={len(heads)} x {length}x{length} fp16) > dump.byte_budget={cfg.byte_budget / 2**20:.1f} MiB; "
             "lower dump.samples, dump.seq_len, dump.layers or dump.heads, or raise dump.byte_budget"

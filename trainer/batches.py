@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from hdrope.errors import UserError
 from trainer.passkey.prompt import PasskeyPrompter
 
 __all__ = ["TrainBatches", "check_length", "val_windows"]
@@ -17,7 +18,7 @@ __all__ = ["TrainBatches", "check_length", "val_windows"]
 def check_length(tokens: np.ndarray, length: int, what: str) -> None:
     """ValueError naming the knob when a token stream is too short for windows of `length` tokens."""
     if len(tokens) < length + 1:
-        raise ValueError(
+        raise UserError(
             f"{what} needs windows of {length + 1} tokens but the split holds only {len(tokens)}; "
             "lower model.max_seq_len (or eval.extrapolation factors) or use a larger corpus"
         )

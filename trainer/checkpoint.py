@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_model, save_model
 from torch import nn
 
+from hdrope.errors import UserError
 from trainer.cache import sha256_file
 
 __all__ = ["latest_checkpoint", "list_checkpoints", "load_checkpoint", "save_checkpoint"]
@@ -86,17 +87,17 @@ def latest_checkpoint(root: Path) -> Path | None:
 def _verify(path: Path) -> None:
     manifest_path = path / "manifest.json"
     if not manifest_path.is_file():
-        raise ValueError(f"checkpoint {path}: no manifest.json; not a checkpoint of this trainer, or cut short")
+        raise UserError(f"checkpoint {path}: no manifest.json; not a checkpoint of this trainer, or cut short")
     try:
         manifest = json.loads(manifest_path.read_text())
     except json.JSONDecodeError:
-        raise ValueError(f"checkpoint {path}: manifest.json is corrupt; delete the checkpoint directory") from None
+        raise UserError(f"checkpoint {path}: manifest.json is corrupt; delete the checkpoint directory") from None
     for name in _FILES:
         file = path / name
         if not file.is_file():
-            raise ValueError(f"checkpoint {path}: {name} is missing; delete the checkpoint to resume from an older one")
+            raise UserError(f"checkpoint {path}: {name} is missing; delete the checkpoint to resume from an older one")
         if sha256_file(file) != manifest.get(name):
-            raise ValueError(
+            raise UserError(
                 f"checkpoint {path}: {name} is truncated or corrupt (sha256 differs from the manifest); "
                 "delete this checkpoint directory to resume from the previous one"
             )
@@ -109,9 +110,9 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
     try:
         missing, unexpected = load_model(model, str(path / "model.safetensors"), strict=False)
     except Exception as err:
-        raise ValueError(f"checkpoint {path}: model.safetensors does not fit this model ({err})") from None
+        raise UserError(f"checkpoint {path}: model.safetensors does not fit this model ({err})") from None
     if missing or unexpected:
-        raise ValueError(
+        raise UserError(
             f"checkpoint {path}: weights do not match the configured model (missing {sorted(missing)[:3]}, "
             f"unexpected {sorted(unexpected)[:3]}); load it with the config it was trained with"
         )

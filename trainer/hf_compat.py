@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from hdrope.errors import UserError
 from trainer.model import Llama, ModelArgs
 
 __all__ = ["hf_config", "to_hf_state_dict"]
@@ -20,7 +21,7 @@ def hf_config(a: ModelArgs, **extra: Any):
     from transformers import LlamaConfig
 
     if a.pe.kind != "rope" or a.pe.scaling:
-        raise ValueError(f"model.pe.kind={a.pe.kind!r}: only unscaled `rope` has an HF Llama equivalent")
+        raise UserError(f"model.pe.kind={a.pe.kind!r}: only unscaled `rope` has an HF Llama equivalent")
     return LlamaConfig(
         vocab_size=a.vocab_size,
         hidden_size=a.dim,

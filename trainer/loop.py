@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
+from hdrope.errors import UserError
 from trainer.attention_dump import DumpIds, check_budget, dump_attention
 from trainer.batches import TrainBatches, check_length, val_windows
 from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -79,7 +80,7 @@ def seed_everything(seed: int) -> None:
 
 def _device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("train.device=cuda but no CUDA device is visible; use train.device=cpu or auto")
+        raise UserError("train.device=cuda but no CUDA device is visible; use train.device=cpu or auto")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
@@ -98,7 +99,7 @@ def prepare_data(cfg: RunConfig) -> DataBundle:
     corpus = load_corpus(d)
     tok = load_tokenizer(d.tokenizer, corpus.train, d.bpe_vocab_size, d.cache_dir)
     if tok.vocab_size > cfg.model.vocab_size:
-        raise ValueError(
+        raise UserError(
             f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's {tok.vocab_size} ids "
             f"(data.tokenizer={d.tokenizer!r}); set model.vocab_size={tok.vocab_size}"
         )

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hdrope.errors import UserError
 from trainer.position import PEConfig, PositionEncoding, build_position_encoding
 
 __all__ = ["KVCache", "Llama", "ModelArgs", "validate_model_args"]
@@ -50,17 +51,17 @@ def validate_model_args(a: ModelArgs) -> PositionEncoding:
     for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len"):
         v = getattr(a, name)
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"model.{name} must be a positive integer, got {v!r}")
+            raise UserError(f"model.{name} must be a positive integer, got {v!r}")
     if a.head_dim is None and a.dim % a.n_heads:
-        raise ValueError(f"model.dim={a.dim} is not divisible by model.n_heads={a.n_heads}; set head_dim or change one")
+        raise UserError(f"model.dim={a.dim} is not divisible by model.n_heads={a.n_heads}; set head_dim or change one")
     if a.n_heads % a.n_kv_heads:
-        raise ValueError(
+        raise UserError(
             f"model.n_heads={a.n_heads} is not divisible by model.n_kv_heads={a.n_kv_heads}; "
             "grouped-query attention needs n_kv_heads to divide n_heads"
         )
     hd = a.resolved_head_dim
     if a.pe.kind == "hdrope" and hd % a.pe.rotation_dim:
-        raise ValueError(
+        raise UserError(
             f"model.pe.rotation_dim={a.pe.rotation_dim} does not divide head_dim={hd}; "
             f"choose a rotation_dim that divides {hd} (leftover channels are only for direct HDRotary use)"
         )

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from hdrope.errors import UserError
 from trainer.config import OptimConfig
 
 __all__ = ["build_optimizer", "lr_at"]
@@ -21,7 +22,7 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, foreach=True)
     if cfg.name == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, foreach=True)
-    raise ValueError(f"optim.name={cfg.name!r}: choose 'adamw' or 'sgd'")
+    raise UserError(f"optim.name={cfg.name!r}: choose 'adamw' or 'sgd'")
 
 
 def lr_at(step: int, cfg: OptimConfig, total_steps: int) -> float:

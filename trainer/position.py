@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import torch
 
 from hdrope import HDRotary
+from hdrope.errors import UserError
 
 __all__ = ["POSITION_ENCODINGS", "PEConfig", "PositionEncoding", "build_position_encoding"]
 
@@ -79,8 +80,8 @@ POSITION_ENCODINGS: dict[str, Callable[[PEConfig, int], PositionEncoding]] = {
 def build_position_encoding(cfg: PEConfig, head_dim: int) -> PositionEncoding:
     """Instantiate the configured encoding; ValueError names the field and the choices."""
     if cfg.kind not in POSITION_ENCODINGS:
-        raise ValueError(f"pe.kind={cfg.kind!r} is unknown; choose one of {sorted(POSITION_ENCODINGS)}")
+        raise UserError(f"pe.kind={cfg.kind!r} is unknown; choose one of {sorted(POSITION_ENCODINGS)}")
     try:
         return POSITION_ENCODINGS[cfg.kind](cfg, head_dim)
-    except ValueError as err:
-        raise ValueError(f"pe ({cfg.kind}): {err}") from None
+    except UserError as err:
+        raise UserError(f"pe ({cfg.kind}): {err}") from None

@@ -13,6 +13,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from hdrope.errors import UserError
 from trainer.config import RunConfig, validate_config
 from trainer.model import ModelArgs
 
@@ -40,20 +41,20 @@ def preset_path(name_or_path: str) -> Path:
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml"):
         if not path.is_file():
-            raise ValueError(f"preset file {name_or_path!r} does not exist")
+            raise UserError(f"preset file {name_or_path!r} does not exist")
         return path
     if not _NAME.match(name_or_path) or ".." in name_or_path:
-        raise ValueError(f"preset name {name_or_path!r} is not a plain name; use one of {available_presets()}")
+        raise UserError(f"preset name {name_or_path!r} is not a plain name; use one of {available_presets()}")
     path = EXPERIMENTS_DIR / f"{name_or_path}.yaml"
     if not path.is_file():
-        raise ValueError(f"unknown preset {name_or_path!r}; choose one of {available_presets()} or a .yaml path")
+        raise UserError(f"unknown preset {name_or_path!r}; choose one of {available_presets()} or a .yaml path")
     return path
 
 
 def _check_overrides(overrides: list[str]) -> None:
     for item in overrides:
         if "=" not in item or not item.split("=", 1)[0].strip():
-            raise ValueError(f"override {item!r} is not key=value; write e.g. model.pe.rotation_dim=8")
+            raise UserError(f"override {item!r} is not key=value; write e.g. model.pe.rotation_dim=8")
 
 
 def merge_config(layers: list, where: str = "config") -> RunConfig:
@@ -64,7 +65,7 @@ def merge_config(layers: list, where: str = "config") -> RunConfig:
         cfg = OmegaConf.to_object(merged)
     except (OmegaConfBaseException, TypeError) as err:  # TypeError: a list where a mapping belongs
         key = getattr(err, "full_key", None) or "?"
-        raise ValueError(f"{where}: bad config key or value at {key!r}: {str(err).splitlines()[0]}") from None
+        raise UserError(f"{where}: bad config key or value at {key!r}: {str(err).splitlines()[0]}") from None
     assert isinstance(cfg, RunConfig)
     return cfg
 
@@ -75,7 +76,7 @@ def preset_layer(name_or_path: str):
     try:
         return OmegaConf.load(path)
     except Exception as err:  # a YAML syntax error is a user error
-        raise ValueError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
+        raise UserError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
 
 
 def load_config(name_or_path: str, overrides: list[str] | None = None, validate: bool = True) -> RunConfig:

@@ -11,6 +11,7 @@ import hashlib
 from pathlib import Path
 from typing import Protocol
 
+from hdrope.errors import UserError
 from trainer.cache import build_once, cache_root, sha256_file
 
 __all__ = ["BPE_SPECIALS", "ByteTokenizer", "JsonTokenizer", "Tokenizer", "load_tokenizer", "train_bpe"]
@@ -59,7 +60,7 @@ class JsonTokenizer:
         try:
             self._tok = HFTokenizer.from_file(str(path))
         except Exception as err:
-            raise ValueError(f"data.tokenizer={str(path)!r}: not a loadable tokenizer.json ({err})") from None
+            raise UserError(f"data.tokenizer={str(path)!r}: not a loadable tokenizer.json ({err})") from None
         self.path = path
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.eos_id = next((i for n in _EOS_NAMES if (i := self._tok.token_to_id(n)) is not None), None)
@@ -109,11 +110,11 @@ def load_tokenizer(kind: str, train_texts: list[str] | None = None, vocab_size: 
         return ByteTokenizer()
     if kind == "bpe":
         if not train_texts:
-            raise ValueError("data.tokenizer=bpe needs training text to learn merges from")
+            raise UserError("data.tokenizer=bpe needs training text to learn merges from")
         return JsonTokenizer(_bpe_path(train_texts, vocab_size, cache_dir))
     path = Path(kind).expanduser()
     if path.suffix != ".json" or not path.is_file():
-        raise ValueError(
+        raise UserError(
             f"data.tokenizer={kind!r}: not 'bytes', 'bpe' or an existing tokenizer.json path; "
             "give the path of a HF tokenizer.json file"
         )

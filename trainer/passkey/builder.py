@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from hdrope.errors import UserError
 from trainer.cache import cache_root
 from trainer.config import PasskeyFormat
 from trainer.tokenizer import Tokenizer
@@ -68,18 +69,18 @@ class PlannedFile:
 def validate(cfg: BuildConfig) -> None:
     """ValueError naming the option for impossible settings."""
     if cfg.v_min > cfg.v_max:
-        raise ValueError(f"--v-min {cfg.v_min} > --v-max {cfg.v_max}: the passkey range is empty")
+        raise UserError(f"--v-min {cfg.v_min} > --v-max {cfg.v_max}: the passkey range is empty")
     if cfg.v_min < 0:
-        raise ValueError(f"--v-min {cfg.v_min}: passkeys are non-negative integers")
+        raise UserError(f"--v-min {cfg.v_min}: passkeys are non-negative integers")
     if cfg.budget_bytes <= 0:
-        raise ValueError(f"--budget {cfg.budget_bytes}: the byte budget must be positive (default 1 GiB)")
+        raise UserError(f"--budget {cfg.budget_bytes}: the byte budget must be positive (default 1 GiB)")
     if cfg.form not in ("space", "both", "nospace"):
-        raise ValueError(f"--form {cfg.form!r}: choose space, both or nospace")
+        raise UserError(f"--form {cfg.form!r}: choose space, both or nospace")
     for name in ("bucket_width", "targets", "depth_steps", "lines_per_file"):
         if getattr(cfg, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be >= 1")
+            raise UserError(f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be >= 1")
     if cfg.max_len <= cfg.min_len:
-        raise ValueError(f"--max-len {cfg.max_len} must exceed --min-len {cfg.min_len}")
+        raise UserError(f"--max-len {cfg.max_len} must exceed --min-len {cfg.min_len}")
 
 
 def _question(fmt: PasskeyFormat, x: int, y: int, passkey: int | str) -> str:
@@ -105,7 +106,7 @@ def passkey_pool(tok: Tokenizer, cfg: BuildConfig, cache_dir: str = "") -> list[
 
         pool = [v for v in values if ok(v)]
     if not pool:
-        raise ValueError(
+        raise UserError(
             f"no integer in [{cfg.v_min}, {cfg.v_max}] is a single token in the {cfg.form!r} form under "
             f"{tok.identity}; this tokenizer splits digits: try --form nospace, or --multi-token "
             "(multi-token passkeys, scored by exact match)"
@@ -166,10 +167,10 @@ def plan_dataset(tok: Tokenizer, cfg: BuildConfig, pool: list[int]) -> tuple[lis
                                                                                                    strict=True)}
     min_tokens = len(tok.encode(_question(cfg.fmt, 1, 1, probe)))
     if cfg.bucket_width < f_tokens:
-        raise ValueError(f"--bucket-width {cfg.bucket_width} is narrower than one filler repetition ({f_tokens} "
+        raise UserError(f"--bucket-width {cfg.bucket_width} is narrower than one filler repetition ({f_tokens} "
                          "tokens), so lengths cannot be hit inside a bucket; widen the buckets")
     if buckets[0][1] < min_tokens:
-        raise ValueError(f"bucket ({buckets[0][0]}, {buckets[0][1]}] is narrower than the template, which needs "
+        raise UserError(f"bucket ({buckets[0][0]}, {buckets[0][1]}] is narrower than the template, which needs "
                          f"{min_tokens} tokens with one filler on each side; raise --min-len to >= {min_tokens}")
     files: list[PlannedFile] = []
     reasons: dict[str, Any] = {}
@@ -227,7 +228,7 @@ def build_dataset(tok: Tokenizer, cfg: BuildConfig, out: Path, dry_run: bool = F
                 if len(tok.encode(question)) == pf.tokens:
                     break
             else:
-                raise ValueError(f"no passkey in the pool gives {pf.tokens} tokens at x={pf.x}, y={pf.y}; "
+                raise UserError(f"no passkey in the pool gives {pf.tokens} tokens at x={pf.x}, y={pf.y}; "
                                  "narrow --v-min/--v-max so passkeys have equal digit counts")
             lines.append(json.dumps({"question": question, "answer": str(p)}) + "\n")
         blob = "".join(lines).encode()

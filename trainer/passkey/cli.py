@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from hdrope.errors import UserError
+
 __all__ = ["passkey_main", "resolve_tokenizer"]
 
 
@@ -20,13 +22,13 @@ def resolve_tokenizer(spec: str, cache_dir: str = ""):
         try:
             vocab = int(spec[4:])
         except ValueError:
-            raise ValueError(f"--tokenizer {spec!r}: write bpe:VOCAB, e.g. bpe:1024") from None
+            raise UserError(f"--tokenizer {spec!r}: write bpe:VOCAB, e.g. bpe:1024") from None
         return load_tokenizer("bpe", load_corpus(DataConfig(cache_dir=cache_dir)).train, vocab, cache_dir)
     try:
         return load_tokenizer(spec)
     except ValueError as err:
         hint = "use bytes, bpe:N or a tokenizer.json path"
-        raise ValueError(f"--tokenizer {spec!r}: unknown tokenizer ({err}); {hint}") from None
+        raise UserError(f"--tokenizer {spec!r}: unknown tokenizer ({err}); {hint}") from None
 
 
 def _build(a: argparse.Namespace) -> int:

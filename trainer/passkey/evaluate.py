@@ -16,6 +16,7 @@ import pandas as pd
 import torch
 from omegaconf import OmegaConf
 
+from hdrope.errors import UserError
 from trainer.checkpoint import load_checkpoint
 from trainer.config import config_hash
 from trainer.generate import greedy_generate
@@ -44,22 +45,22 @@ def evaluate_dataset(checkpoint: Path, dataset: Path, out: Path | None = None, m
     """Score every (or the first N per file) line; write and return the Parquet table."""
     meta_path = dataset / "dataset_meta.json"
     if not meta_path.is_file():
-        raise ValueError(f"{dataset}: no dataset_meta.json; build it with `hdrope passkey build`")
+        raise UserError(f"{dataset}: no dataset_meta.json; build it with `hdrope passkey build`")
     meta = json.loads(meta_path.read_text())
     cfg_path = checkpoint.parent.parent / "config.yaml"
     if not cfg_path.is_file():
-        raise ValueError(f"{checkpoint}: no config.yaml two levels up; pass a checkpoint inside a run directory")
+        raise UserError(f"{checkpoint}: no config.yaml two levels up; pass a checkpoint inside a run directory")
     cfg = merge_config([OmegaConf.load(cfg_path)], where=str(cfg_path))
     tok = _model_tokenizer(cfg)
     if tok.identity != meta["tokenizer"]:
-        raise ValueError(f"{dataset} was built with tokenizer {meta['tokenizer']} but the model uses {tok.identity}; "
+        raise UserError(f"{dataset} was built with tokenizer {meta['tokenizer']} but the model uses {tok.identity}; "
                          "rebuild the dataset with the model's tokenizer")
     model = Llama(cfg.model)
     load_checkpoint(checkpoint, model)
     model.eval()
     files = sorted(f for f in dataset.glob("*/*.jsonl") if _NAME.match(f.name))
     if not files:
-        raise ValueError(f"{dataset}: no JSONL files (was it a --dry-run?)")
+        raise UserError(f"{dataset}: no JSONL files (was it a --dry-run?)")
     stop = stop_after_number(tok)
     rows = []
     from tqdm import tqdm

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hdrope.errors import UserError
 from trainer.config import PasskeyFormat
 from trainer.tokenizer import Tokenizer
 
@@ -89,7 +90,7 @@ class PasskeyPrompter:
         """A prompt whose prompt+answer fits in `length` tokens, with the key at relative depth `depth`."""
         s = self.max_sentences(length)
         if s < 1:
-            raise ValueError(
+            raise UserError(
                 f"data.passkey: header+key+question+answer take {self.fixed} tokens, which leaves no room for "
                 f"filler within {length} tokens; shorten data.passkey.header or evaluate at longer lengths"
             )
