@@ -30,8 +30,8 @@ __all__ = [
     "sweep_cells",
 ]
 
-SCALAR_COLUMNS = ["run_id", "config_hash", "step", "sample", "layer", "head", "seq_len", "pe_kind", "basis",
-                  "rotation_dim", "theta", "entropy", "erank"]
+SCALAR_COLUMNS = ["run_id", "config_hash", "step", "sample", "layer", "head", "seq_len", "pe_kind", "pe_label",
+                  "rotation_dim", "basis", "basis_seed", "theta", "scaling", "entropy", "erank"]
 _SCHEMA_KEY = b"hdrope.dump_schema"
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from ray import tune
 
 from sweeps.tracking import SweepTracker
-from sweeps.trainable import resolve_cell
+from sweeps.trainable import reported_metrics, resolve_cell
 from trainer.config import config_hash, flatten_config
 
 __all__ = ["TrackingCallback"]
@@ -53,7 +53,7 @@ class TrackingCallback(tune.Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info):
         _, run_id, _ = self.run_for(trial.config)
         if "step" in result:
-            self.tracker.log_metrics(run_id, int(result["step"]), result)
+            self.tracker.log_metrics(run_id, int(result["step"]), reported_metrics(result))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         _, run_id, cell_dir = self.run_for(trial.config)

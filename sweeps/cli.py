@@ -79,17 +79,17 @@ def _status(a: argparse.Namespace) -> int:
 
 
 def _last_metrics(run_dir: Path) -> dict:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return {}
+    from trainer.run_files import METRICS_FILE, read_metrics
+
     last: dict = {}
-    for line in path.read_text().splitlines():
-        last.update(json.loads(line))
+    for rec in read_metrics(run_dir / METRICS_FILE):  # tolerates a line being written
+        last.update(rec)
     return last
 
 
 def _logs(a: argparse.Namespace) -> int:
     from sweeps.runner import find_sweep
+    from trainer.run_files import METRICS_FILE, read_metrics
 
     payload = find_sweep(a.name, a.storage)
     root = Path(payload["root"])
@@ -100,10 +100,11 @@ def _logs(a: argparse.Namespace) -> int:
         info = json.loads(job.read_text())
         print(job_logs(info["address"], info["job_id"])[-a.tail * 200 :])
     for cell_dir in sorted((root / "cells").glob("*")):
-        lines = (cell_dir / "metrics.jsonl").read_text().splitlines() if (cell_dir / "metrics.jsonl").is_file() else []
-        print(f"== {cell_dir.name}")
-        for line in lines[-a.tail :]:
-            print(f"   {line}")
+        records = read_metrics(cell_dir / METRICS_FILE)
+        dedup = cell_dir / "dedup.json"
+        print(f"== {cell_dir.name}" + (f" (= {json.loads(dedup.read_text())['dedup_of']})" if dedup.is_file() else ""))
+        for rec in records[-a.tail :]:
+            print("   " + "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in rec.items()))
         if (cell_dir / "error.txt").is_file():
             print(f"   ERROR {(cell_dir / 'error.txt').read_text().strip()}")
     return 0

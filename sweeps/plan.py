@@ -1,8 +1,9 @@
 """Resolve a spec into a validated plan: every grid cell's full RunConfig, its id, hash and dedup group.
 
 Nothing runs until every cell is valid; all problems come out in one `SpecError`. Cells that are
-provably the same model (NOTES §1: N = 2 with any basis is RoPE; the seed of a non-random basis
-is unused; `nope` ignores every rotary setting) share a dedup group and train once.
+provably the same model share a dedup group and train once; which settings are irrelevant is the
+encoding registry's call (`trainer.position.dedup_pe`: N = 2 with any basis is RoPE, NOTES §1; the
+seed of a non-random basis is unused; `nope` ignores every rotary setting; `fused` is another kernel).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import math
 import os
 import re
 import warnings
@@ -21,12 +23,16 @@ from omegaconf import OmegaConf
 
 from hdrope.errors import UserError
 from sweeps.spec import SpecError, SweepSpec, check_name
-from trainer.config import METRIC_NAMES, RunConfig, config_errors, config_hash
+from trainer.config import RunConfig, config_errors, config_hash, metric_names
+from trainer.position import dedup_pe
 from trainer.presets import merge_config, preset_layer
 
-__all__ = ["Cell", "Plan", "cell_config", "make_plan", "metric_driven", "sweep_dir"]
+__all__ = ["ALIASES", "SEED_KEYS", "Cell", "Plan", "cell_config", "make_plan", "metric_driven", "seed_axes",
+           "sweep_dir"]
 
 ALIASES = {"seed": "train.seed"}
+MAX_CELLS = 10_000  # a larger grid is almost surely a typo; plan refuses it before resolving a single cell
+SEED_KEYS = ("train.seed", "model.pe.seed")  # replicate axes: a report averages over them, never groups by them
 _SLUG = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -105,6 +111,11 @@ def cell_config(spec: SweepSpec, values: dict[str, Any], name: str, out_dir: Pat
     return cfg
 
 
+def seed_axes(axes: list[str]) -> list[str]:
+    """The axis keys (as written in the spec) that are seeds."""
+    return [k for k in axes if ALIASES.get(k, k) in SEED_KEYS]
+
+
 def metric_driven(spec: SweepSpec) -> bool:
     """Whether a searcher or scheduler reads `search.metric` from every intermediate result."""
     return spec.search.kind == "optuna" or spec.scheduler == "asha"
@@ -113,14 +124,7 @@ def metric_driven(spec: SweepSpec) -> bool:
 def canonical(cfg: RunConfig) -> RunConfig:
     """The config with every setting that provably cannot change the model put to a fixed value."""
     c = copy.deepcopy(cfg)
-    pe = c.model.pe
-    if pe.kind == "rope" or (pe.kind == "hdrope" and pe.rotation_dim == 2):
-        pe.kind, pe.rotation_dim, pe.basis = "hdrope", 2, "identity"
-    if pe.kind == "nope":
-        pe.rotation_dim, pe.basis, pe.theta, pe.scaling = 2, "identity", 10000.0, None
-    if pe.basis != "random":
-        pe.seed = 0
-    pe.fused = False  # same math, another kernel
+    c.model.pe = dedup_pe(c.model.pe)  # the encoding registry says which settings are irrelevant
     return c
 
 
@@ -155,7 +159,7 @@ def _check_spec(spec: SweepSpec) -> list[str]:
         p.append(f"search.mode={s.mode!r}: choose min or max")
     if spec.scheduler not in ("fifo", "asha"):
         p.append(f"scheduler={spec.scheduler!r}: choose fifo (default) or asha")
-    if not spec.resources.cpus > 0 or spec.resources.gpus < 0:
+    if not spec.resources.cpus > 0 or not spec.resources.gpus >= 0:
         p.append(f"resources: cpus must be > 0 and gpus >= 0, got cpus={spec.resources.cpus}, "
                  f"gpus={spec.resources.gpus}")
     for key in ("max_concurrent", "max_failures", "checkpoint_every"):
@@ -166,9 +170,23 @@ def _check_spec(spec: SweepSpec) -> list[str]:
             p.append(f"axes.{key}: must be a non-empty list of values, got {values!r}")
         elif len({json.dumps(v, sort_keys=True, default=str) for v in values}) != len(values):
             p.append(f"axes.{key}: has repeated values {values!r}; list each value once")
-    if s.metric not in METRIC_NAMES:
-        p.append(f"search.metric={s.metric!r}: choose a trainer metric such as val_loss or passkey_acc")
+    for where, value in _numbers(spec):
+        if not math.isfinite(value):
+            p.append(f"{where}={value!r}: must be a finite number")
+    if spec.axes and all(isinstance(v, list) for v in spec.axes.values()):
+        size = math.prod(len(v) for v in spec.axes.values())
+        if size > MAX_CELLS:
+            p.append(f"axes: the grid has {size:,} cells (the product of {len(spec.axes)} axes), over the limit of "
+                     f"{MAX_CELLS:,}; split the sweep into several specs or shorten the axes")
     return p
+
+
+def _numbers(spec: SweepSpec) -> list[tuple[str, float]]:
+    """(key, value) of every float the spec itself holds (resources, Optuna bounds)."""
+    found = [("resources.cpus", spec.resources.cpus), ("resources.gpus", spec.resources.gpus)]
+    for key, dim in spec.search.space.items():
+        found += [(f"search.space.{key}.low", dim.low), (f"search.space.{key}.high", dim.high)]
+    return [(k, float(v)) for k, v in found if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
 def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
@@ -195,6 +213,8 @@ def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
             problems.append(f"{where}: {str(err).split(': ', 1)[-1]}")
             continue
         errs = config_errors(cfg)
+        if not errs and spec.search.metric not in (names := metric_names(cfg)):
+            errs = [f"search.metric={spec.search.metric!r} is not reported by this cell; choose one of {names}"]
         if errs:
             problems.extend(f"{where}: {e}" for e in errs)
             continue

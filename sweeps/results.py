@@ -1,9 +1,10 @@
 """The sweep results table: one Parquet row per cell (deduplicated cells expanded), the analysis input.
 
 Columns: sweep, cell_id, trained_cell (the cell that actually trained), dedup_of, status
-(FINISHED | FAILED | PENDING), error, config_hash, the axis values (one column per axis key,
-named by the dotted key), pe_kind, rotation_dim, basis, theta, seed, steps, run_dir, and every
-final metric (train_loss, val_loss, val_bpb, tokens_per_s, mfu, val_loss_x2/x4/x8, passkey_acc).
+(FINISHED | FAILED | PENDING | CORRUPT), error, config_hash, the encoding identity of the cell
+(`trainer.position.encoding_identity`: pe_kind, pe_label, rotation_dim, basis, basis_seed, theta,
+scaling), seed, steps, run_dir, the axis values (one string column per axis key, named by the dotted
+key), and every final metric the cells planned or produced (val_loss_x16 included when configured).
 """
 
 from __future__ import annotations
@@ -15,35 +16,46 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trainer.config import METRIC_NAMES
+from hdrope.errors import UserError
+from trainer.config import BASE_METRICS, metric_names
+from trainer.position import IDENTITY_COLUMNS, encoding_identity
+from trainer.run_files import read_result
 
 __all__ = ["cell_rows", "write_results"]
 
-
-
 def _status(cell_dir: Path) -> tuple[str, str | None, dict[str, Any]]:
-    result = cell_dir / "result.json"
-    if result.is_file():
-        return "FINISHED", None, json.loads(result.read_text())
+    try:
+        result = read_result(cell_dir)
+    except UserError as err:
+        return "CORRUPT", str(err), {}
+    if result is not None:
+        return "FINISHED", None, result
     error = cell_dir / "error.txt"
     if error.is_file():
-        return "FAILED", error.read_text()[-2000:], {}
+        return "FAILED", error.read_text(errors="replace")[-2000:], {}
     return "PENDING", None, {}
 
 
 def _row(name: str, cell_id: str, trained_dir: Path, cfg, dedup_of: str | None, config_hash: str | None,
          values: dict[str, Any]) -> dict[str, Any]:
     status, error, result = _status(trained_dir)
-    pe, metrics = cfg.model.pe, result.get("metrics", {})
+    metrics = result.get("metrics") or {}
     return {
+        **{k: json.dumps(v) if isinstance(v, (list, dict)) else str(v) for k, v in values.items()},
         "sweep": name, "cell_id": cell_id, "trained_cell": trained_dir.name, "dedup_of": dedup_of,
         "status": status, "error": error, "config_hash": config_hash or result.get("config_hash"),
-        "pe_kind": pe.kind, "rotation_dim": 2 if pe.kind == "rope" else int(pe.rotation_dim),
-        "basis": pe.basis, "theta": float(pe.theta), "seed": int(cfg.train.seed), "steps": int(cfg.train.steps),
+        **encoding_identity(cfg.model.pe), "seed": int(cfg.train.seed), "steps": int(cfg.train.steps),
         "run_dir": str(trained_dir),
-        **{k: json.dumps(v) if isinstance(v, (list, dict)) else str(v) for k, v in values.items()},
-        **{m: (float(metrics[m]) if metrics.get(m) is not None else None) for m in METRIC_NAMES},
+        **{m: float(v) for m, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
     }
+
+
+def _run_config(text: str):
+    from omegaconf import OmegaConf
+
+    from trainer.presets import merge_config
+
+    return merge_config([OmegaConf.create(text)], where="plan.json cell")
 
 
 def cell_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
@@ -52,18 +64,47 @@ def cell_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
 
     root = Path(payload["root"])
     rows = [_row(payload["name"], cell_id, root / "cells" / (cell["dedup_of"] or cell_id),
-                 OmegaConf.create(cell["config"]), cell["dedup_of"], cell["config_hash"], cell["values"])
+                 _run_config(cell["config"]), cell["dedup_of"], cell["config_hash"], cell["values"])
             for cell_id, cell in payload["cells"].items()]
     for cell_dir in sorted((root / "cells").glob("t-*")):  # Optuna trials, named by their sampled values
         if (cell_dir / "config.yaml").is_file():
-            cfg = OmegaConf.load(cell_dir / "config.yaml")
-            values = {k: OmegaConf.select(cfg, k) for k in payload["space"]}
+            cfg = _run_config((cell_dir / "config.yaml").read_text())
+            values = {k: OmegaConf.select(OmegaConf.structured(cfg), k) for k in payload["space"]}
             rows.append(_row(payload["name"], cell_dir.name, cell_dir, cfg, None, None, values))
     return rows
 
 
+def _metric_columns(payload: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """Every metric any cell planned or produced: the planned ones in the trainer's order, then the rest."""
+    planned: list[str] = list(BASE_METRICS)
+    for cell in payload["cells"].values():
+        planned += [m for m in metric_names(_run_config(cell["config"])) if m not in planned]
+    fixed = {"sweep", "cell_id", "trained_cell", "dedup_of", "status", "error", "config_hash", *IDENTITY_COLUMNS,
+             "seed", "steps", "run_dir"}
+    seen = [k for r in rows for k in r if k not in fixed and k not in payload.get("axes", [])]
+    extra = sorted({k for k in seen if k not in planned and isinstance(next(r[k] for r in rows if k in r), float)})
+    return [m for m in planned if m != "lr"] + extra
+
+
 def write_results(payload: dict[str, Any], path: Path | None = None) -> Path:
-    """Write results.parquet into the sweep directory (or path) and return it."""
+    """Write results.parquet into the sweep directory (or path) and return it.
+
+    The schema metadata records the sweep's axes (`hdrope.axes`) and which of them are seeds
+    (`hdrope.seed_axes`), so the report groups cells by every other axis without parsing labels."""
     path = path or Path(payload["root"]) / "results.parquet"
-    pq.write_table(pa.Table.from_pylist(cell_rows(payload)), path)
+    rows = cell_rows(payload)
+    metrics = _metric_columns(payload, rows)
+    identity_types = {str: pa.string(), int: pa.int64(), float: pa.float64()}
+    fields = [("sweep", pa.string()), ("cell_id", pa.string()), ("trained_cell", pa.string()),
+              ("dedup_of", pa.string()), ("status", pa.string()), ("error", pa.string()),
+              ("config_hash", pa.string()), *((k, identity_types[t]) for k, t in IDENTITY_COLUMNS.items()),
+              ("seed", pa.int64()), ("steps", pa.int64()), ("run_dir", pa.string())]
+    axes = [k for k in payload.get("axes", []) if k not in dict(fields)]
+    fields += [(k, pa.string()) for k in axes] + [(m, pa.float64()) for m in metrics]
+    schema = pa.schema(fields, metadata={"hdrope.axes": json.dumps(payload.get("axes", [])),
+                                         "hdrope.seed_axes": json.dumps(payload.get("seed_axes", []))})
+    table = pa.Table.from_pylist([{name: r.get(name) for name in schema.names} for r in rows], schema=schema)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, tmp)
+    tmp.replace(path)
     return path

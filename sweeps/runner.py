@@ -21,9 +21,10 @@ from omegaconf import OmegaConf
 from hdrope.errors import UserError
 from sweeps.plan import Plan, make_plan
 from sweeps.results import cell_rows, write_results
-from sweeps.spec import SweepSpec, load_spec
+from sweeps.spec import SweepSpec, check_name, load_spec
 from sweeps.tracking import SweepTracker, default_tracking_uri
-from sweeps.trainable import plan_payload, run_trial
+from sweeps.trainable import plan_payload, read_payload, run_trial
+from trainer.run_files import METRICS_FILE, read_metrics, write_json_atomic
 
 __all__ = ["find_sweep", "prepare", "resume_sweep", "run_sweep"]
 
@@ -39,7 +40,7 @@ def _write_plan(plan: Plan) -> dict[str, Any]:
     plan.root.mkdir(parents=True, exist_ok=True)
     plan_file = plan.root / "plan.json"
     if plan_file.is_file():
-        old = json.loads(plan_file.read_text())
+        old = read_payload(plan.root)
         if {k: v["config_hash"] for k, v in old["cells"].items()} != {
             k: v["config_hash"] for k, v in payload["cells"].items()
         }:
@@ -48,21 +49,21 @@ def _write_plan(plan: Plan) -> dict[str, Any]:
                 "give the new sweep another name, or finish the old one with `hdrope sweep resume`"
             )
     (plan.root / "spec.yaml").write_text(payload["spec"])
-    plan_file.write_text(json.dumps(payload, indent=1, default=str))
+    tmp = plan.root / ".plan.json.tmp"
+    tmp.write_text(json.dumps(payload, indent=1, default=str))
+    tmp.replace(plan_file)
     return payload
 
 
 def find_sweep(name: str, storage: str = "runs/sweeps") -> dict[str, Any]:
-    """The stored plan of sweep `name` (a name under storage, or a sweep directory path)."""
-    from sweeps.spec import check_name
-
+    """The stored plan of sweep `name` (a name under storage, or a sweep directory path), paths rebased on it."""
     path = Path(name)
     if not (path / "plan.json").is_file():
         check_name(name, "sweep name")
         path = Path(storage) / name
     if not (path / "plan.json").is_file():
         raise UserError(f"no sweep {name!r} under {storage!r} (no plan.json); pass --storage or the sweep directory")
-    return json.loads((path / "plan.json").read_text())
+    return read_payload(path)
 
 
 def _init_ray(address: str | None, spec: SweepSpec) -> None:
@@ -147,8 +148,20 @@ def _optuna(spec: SweepSpec, root: Path) -> tuple[dict[str, Any], Any]:
     return space, searcher
 
 
+def _dedup_cell_dir(payload: dict[str, Any], row: dict[str, Any]) -> Path:
+    """A deduplicated cell's own directory: its config.yaml and dedup.json naming the cell that trained for it."""
+    cell = payload["cells"][row["cell_id"]]
+    cell_dir = Path(payload["root"]) / "cells" / row["cell_id"]
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    (cell_dir / "config.yaml").write_text(cell["config"])
+    write_json_atomic(cell_dir / "dedup.json", {"dedup_of": row["dedup_of"], "trained_dir": row["run_dir"],
+                                                "config_hash": cell["config_hash"], "group": cell["group"]})
+    return cell_dir
+
+
 def _reconcile(payload: dict[str, Any], uri: str) -> tuple[int, list[str]]:
-    """Final MLflow statuses: failed cells FAILED with their error, dedup cells get their representative's result.
+    """Final MLflow state: every finished cell's metrics as in its metrics.jsonl, failed cells FAILED with their
+    error, dedup cells the history of the cell that trained for them (with their own config).
 
     Returns (cells finished, failed cell ids)."""
     from sweeps.callback import TrackingCallback
@@ -163,11 +176,11 @@ def _reconcile(payload: dict[str, Any], uri: str) -> tuple[int, list[str]]:
                             {k: OmegaConf.select(OmegaConf.load(Path(row["run_dir"]) / "config.yaml"), k)
                              for k in payload["space"]})[1]
         if row["status"] == "FINISHED":
-            metrics = {k: v for k, v in row.items() if v is not None}
+            # MLflow ends up holding exactly the trained run's metrics.jsonl, final evaluation included
+            tracker.log_history(run_id, read_metrics(Path(row["run_dir"]) / METRICS_FILE))
             if row["dedup_of"]:
                 tracker.client.set_tag(run_id, "dedup_of", row["dedup_of"])
-                tracker.log_metrics(run_id, int(row["steps"]), metrics)
-                tracker.log_artifacts(run_id, Path(row["run_dir"]))
+                tracker.log_artifacts(run_id, _dedup_cell_dir(payload, row))
             tracker.set_status(run_id, "FINISHED")
             finished += 1
         else:

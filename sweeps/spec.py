@@ -21,7 +21,6 @@ tracking_uri: ""                 # "": sqlite:///<sweep dir>/mlflow.db
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,11 +29,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hdrope.errors import UserError
+from trainer.config import name_problem
+from trainer.presets import refuse_interpolations
 
-__all__ = ["NAME_RE", "ParamSpace", "Resources", "Search", "SpecError", "SweepSpec", "check_name", "load_spec"]
-
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-
+__all__ = ["ParamSpace", "Resources", "Search", "SpecError", "SweepSpec", "check_name", "load_spec"]
 
 class SpecError(UserError):
     """An invalid spec: every problem, one per line."""
@@ -96,12 +94,9 @@ class SweepSpec:
 
 
 def check_name(value: str, what: str) -> None:
-    """ValueError unless value is a plain name that cannot escape its directory."""
-    if not isinstance(value, str) or not NAME_RE.match(value) or ".." in value:
-        raise UserError(
-            f"{what}={value!r} is not a plain name; use 1-100 letters, digits, '.', '_' or '-' "
-            "(no '/', no '..'), starting with a letter or digit"
-        )
+    """UserError unless value is a plain name that cannot escape its directory."""
+    if (problem := name_problem(value, what)) is not None:
+        raise UserError(problem)
 
 
 def load_spec(path: str | Path, overrides: list[str] | None = None) -> SweepSpec:
@@ -113,15 +108,22 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> SweepSpec
         raw = OmegaConf.load(path)
     except Exception as err:
         raise SpecError(str(path), [f"not valid YAML: {str(err).splitlines()[0]}"]) from None
-    if not isinstance(raw, DictConfig):
-        raise SpecError(str(path), ["the spec must be a YAML mapping with name, base, axes, ..."])
+    if not isinstance(raw, DictConfig) or not raw:
+        raise SpecError(str(path), ["the spec is empty or not a YAML mapping; write at least `base:` and `axes:` "
+                                    "(see sweeps/quickstart.yaml)"])
+    dotlist = OmegaConf.from_dotlist(list(overrides or []))
+    try:
+        refuse_interpolations(raw, "spec")
+        refuse_interpolations(dotlist, "--set")
+    except UserError as err:
+        raise SpecError(str(path), [str(err)]) from None
     sections = ("overrides", "axes", "search", "resources")
     wrong = [f"{key}: must be a mapping (key: value lines), got {type(raw[key]).__name__}"
              for key in sections if key in raw and not isinstance(raw[key], DictConfig)]
     if wrong:
         raise SpecError(str(path), wrong)
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(SweepSpec), raw, OmegaConf.from_dotlist(list(overrides or [])))
+        merged = OmegaConf.merge(OmegaConf.structured(SweepSpec), raw, dotlist)
         spec = OmegaConf.to_object(merged)
     except (OmegaConfBaseException, TypeError) as err:  # TypeError: a list where a mapping belongs
         key = getattr(err, "full_key", None) or "?"

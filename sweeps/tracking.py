@@ -2,23 +2,22 @@
 
 Run identity lives in MLflow itself: a parent run tagged (sweep, role=parent) and one child per
 cell tagged (sweep, cell_id, config_hash). `cell_run` finds before it creates, so a restarted
-driver or a retried trial reuses the same run. Metrics already logged at a step are not logged
-again when a trial replays steps after restoring a checkpoint.
+driver or a retried trial reuses the same run. Every numeric metric the trainer reports is logged
+at the step it was computed; one already logged at a step is not logged again when a trial replays
+steps after restoring a checkpoint, or when the end of a sweep copies a cell's metrics.jsonl.
 """
 
 from __future__ import annotations
 
+import math
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-from trainer.config import METRIC_NAMES
 from trainer.reporting import log_params
 
-__all__ = ["METRICS", "SweepTracker", "default_tracking_uri", "git_commit"]
-
-METRICS = (*METRIC_NAMES, "lr")
+__all__ = ["SweepTracker", "default_tracking_uri", "git_commit"]
 
 
 def default_tracking_uri(root: Path) -> str:
@@ -93,13 +92,13 @@ class SweepTracker:
             self.client.set_terminated(run_id, status)
 
     def log_metrics(self, run_id: str, step: int, metrics: dict[str, Any]) -> None:
-        """Log the known metrics of `step`, skipping any already logged at that step or later."""
+        """Log every finite numeric metric of `step`, skipping any already logged at that step or later."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         batch = []
         for k, v in metrics.items():
-            if k not in METRICS or not isinstance(v, (int, float)) or v != v:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 continue
             key = (run_id, k)
             if key not in self._last_step:
@@ -109,12 +108,17 @@ class SweepTracker:
                 continue
             self._last_step[key] = step
             batch.append(Metric(k, float(v), now, step))
-        if batch:
-            self.client.log_batch(run_id, metrics=batch)
+        for i in range(0, len(batch), 1000):
+            self.client.log_batch(run_id, metrics=batch[i : i + 1000])
+
+    def log_history(self, run_id: str, records: list[dict[str, Any]]) -> None:
+        """Log a run's metrics.jsonl records (each at its own step), skipping what is already logged."""
+        for rec in records:
+            self.log_metrics(run_id, int(rec["step"]), {k: v for k, v in rec.items() if k != "step"})
 
     def log_artifacts(self, run_id: str, cell_dir: Path) -> None:
         """Config, eval tables, attention dumps and a reference to the final checkpoint."""
-        files = {"config.yaml": "config", "result.json": "result", "passkey.parquet": "eval",
+        files = {"config.yaml": "config", "result.json": "result", "dedup.json": "result", "passkey.parquet": "eval",
                  "metrics.jsonl": "result", "attention/attention.parquet": "attention",
                  "attention/logit_profile.parquet": "attention"}
         for rel, kind in files.items():

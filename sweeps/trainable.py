@@ -2,7 +2,8 @@
 
 The plan travels to workers through `tune.with_parameters`, so a worker never re-resolves a grid
 cell: it trains exactly the config that was validated before the sweep started. Metrics and
-checkpoints reach Tune through `TuneReporter`; a retried trial resumes from Tune's checkpoint.
+checkpoints reach Tune through `TuneReporter`, each result holding only the metrics computed at its
+step (listed under `reported`); a retried trial resumes from Tune's checkpoint.
 """
 
 from __future__ import annotations
@@ -14,13 +15,16 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from sweeps.plan import cell_config, metric_driven
-from sweeps.spec import SweepSpec
+from hdrope.errors import UserError
+from sweeps.plan import cell_config, metric_driven, seed_axes
+from sweeps.spec import SweepSpec, check_name
 from trainer.config import RunConfig
-from trainer.presets import merge_config
+from trainer.presets import merge_config, refuse_interpolations
 from trainer.reporting import Reporter
+from trainer.run_files import read_result
 
-__all__ = ["TuneReporter", "plan_payload", "resolve_cell", "run_trial"]
+__all__ = ["REPORTED", "TuneReporter", "plan_payload", "read_payload", "reported_metrics", "resolve_cell", "run_trial",
+           "tune_result"]
 
 
 def plan_payload(plan) -> dict[str, Any]:
@@ -30,11 +34,42 @@ def plan_payload(plan) -> dict[str, Any]:
         "root": str(plan.root),
         "spec": OmegaConf.to_yaml(OmegaConf.structured(plan.spec)),
         "space": list(plan.spec.search.space),
+        "axes": list(plan.spec.axes) or list(plan.spec.search.space),
+        "seed_axes": seed_axes(list(plan.spec.axes) or list(plan.spec.search.space)),
         "required_metric": plan.spec.search.metric if metric_driven(plan.spec) else None,
         "cells": {c.cell_id: {"config": OmegaConf.to_yaml(OmegaConf.structured(c.config)), "values": c.values,
                               "config_hash": c.config_hash, "group": c.group, "dedup_of": c.dedup_of}
                   for c in plan.cells if plan.spec.search.kind == "grid"},  # optuna trials are named as sampled
     }
+
+
+def read_payload(sweep_dir: Path) -> dict[str, Any]:
+    """The plan stored in sweep_dir/plan.json, with every path taken from where sweep_dir is now.
+
+    The stored `root` and cell `train.out_dir`s are never trusted: a copied or moved sweep writes
+    into itself, and an edited plan cannot write outside it. Corrupt or tampered plans are UserErrors."""
+    sweep_dir = Path(sweep_dir).resolve()
+    path = sweep_dir / "plan.json"
+    fix = "restore it from a copy, or run the spec again under a new name"
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"{path}: unreadable ({type(err).__name__}: truncated or not JSON); {fix}") from None
+    if not isinstance(payload, dict) or not isinstance(payload.get("cells"), dict) or "spec" not in payload:
+        raise UserError(f"{path}: not a plan written by `hdrope sweep` (no cells/spec); {fix}")
+    check_name(payload.get("name"), f"{path}: name")
+    refuse_interpolations(OmegaConf.create(payload["spec"]), f"{path}: spec")
+    payload["root"] = str(sweep_dir)
+    for cell_id, cell in payload["cells"].items():
+        check_name(cell_id, f"{path}: cell id")
+        cfg = OmegaConf.create(cell["config"])
+        refuse_interpolations(cfg, f"{path}: cell {cell_id}")
+        cfg.train.out_dir = str(sweep_dir / "cells" / cell_id)
+        cell["config"] = OmegaConf.to_yaml(cfg)
+    first = next(iter(payload["cells"].values()), {"values": {}})
+    payload.setdefault("axes", list(first["values"]) or list(payload.get("space", [])))
+    payload.setdefault("seed_axes", seed_axes(payload["axes"]))
+    return payload
 
 
 def resolve_cell(payload: dict[str, Any], trial_config: dict[str, Any]) -> tuple[str, RunConfig, dict[str, Any]]:
@@ -50,12 +85,25 @@ def resolve_cell(payload: dict[str, Any], trial_config: dict[str, Any]) -> tuple
     return cell_id, cell_config(spec_cfg, values, cell_id, Path(payload["root"]) / "cells" / cell_id), values
 
 
+REPORTED = "reported"  # the result key listing the trainer metrics computed at that step (comma-separated)
+
+
+def tune_result(cell_id: str, step: int, metrics: dict[str, float], **extra: Any) -> dict[str, Any]:
+    """A Tune result of the trainer metrics computed at `step`, with the list of their names under REPORTED."""
+    return {**metrics, "step": step, "cell_id": cell_id, REPORTED: ",".join(sorted(metrics)), **extra}
+
+
+def reported_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """The trainer metrics a Tune result carries (those listed under REPORTED), by name."""
+    names = [n for n in str(result.get(REPORTED, "")).split(",") if n]
+    return {n: result[n] for n in names if n in result}
+
+
 class TuneReporter(Reporter):
-    """Forwards metrics and checkpoints to Ray Tune; carries the last known value of every metric."""
+    """Forwards metrics and checkpoints to Ray Tune; each result holds only what was computed at its step."""
 
     def __init__(self, cell_id: str, required_metric: str | None = None) -> None:
         self.cell_id, self.required = cell_id, required_metric
-        self.carry: dict[str, Any] = {}
 
     def restore_path(self) -> Path | None:
         from ray import tune
@@ -63,33 +111,25 @@ class TuneReporter(Reporter):
         ckpt = tune.get_checkpoint()
         return Path(ckpt.to_directory()) if ckpt is not None else None
 
-    def _payload(self, step: int, metrics: dict[str, float]) -> dict[str, Any]:
-        self.carry.update(metrics)
-        return {**self.carry, "step": step, "cell_id": self.cell_id}
-
     def log(self, step: int, metrics: dict[str, float]) -> None:
         from ray import tune
 
-        payload = self._payload(step, metrics)
-        if self.required is None or self.required in payload:  # a searcher needs its metric in every result
-            tune.report(payload)
+        if self.required is None or self.required in metrics:  # a searcher needs its metric in every result
+            tune.report(tune_result(self.cell_id, step, metrics))
 
     def checkpoint(self, step: int, path: Path, metrics: dict[str, float]) -> None:
         from ray import tune
 
-        payload = self._payload(step, metrics)
-        if self.required is not None and self.required not in payload:
-            payload[self.required] = float("nan")  # a checkpoint is never dropped; its metric is not known yet
-        tune.report(payload, checkpoint=tune.Checkpoint.from_directory(str(path)))
+        result = tune_result(self.cell_id, step, metrics)
+        if self.required is not None and self.required not in result:
+            result[self.required] = float("nan")  # a checkpoint is never dropped; not listed under REPORTED
+        tune.report(result, checkpoint=tune.Checkpoint.from_directory(str(path)))
 
 
 def finished_result(cfg: RunConfig) -> dict[str, Any] | None:
     """The stored result of a cell that already trained to the end, else None."""
-    path = Path(cfg.train.out_dir) / "result.json"
-    if not path.is_file():
-        return None
-    result = json.loads(path.read_text())
-    return result if result.get("step", 0) >= cfg.train.steps else None
+    result = read_result(Path(cfg.train.out_dir))
+    return result if result is not None and result.get("step", 0) >= cfg.train.steps else None
 
 
 def run_trial(config: dict[str, Any], payload: dict[str, Any]) -> None:
@@ -102,7 +142,7 @@ def run_trial(config: dict[str, Any], payload: dict[str, Any]) -> None:
     done = finished_result(cfg)
     if done is not None:
         metrics = {k: v for k, v in done["metrics"].items() if v is not None}
-        tune.report({**metrics, "step": done["step"], "cell_id": cell_id, "reused": 1})
+        tune.report(tune_result(cell_id, done["step"], metrics, reused=1))
         return
     error_file = Path(cfg.train.out_dir) / "error.txt"
     try:

@@ -14,6 +14,7 @@ from trainer.generate import greedy_generate
 from trainer.loop import train
 from trainer.model import KVCache, Llama
 from trainer.passkey.prompt import PasskeyPrompter, first_integer
+from trainer.position import PEConfig, encoding_identity
 from trainer.presets import load_model_args
 from trainer.tokenizer import ByteTokenizer
 
@@ -29,14 +30,15 @@ def _model(**pe):
 def test_dump_rows_are_softmax_maps_with_matching_statistics(tmp_path):
     model = _model()
     tokens = torch.randint(0, 259, (3, 40))
-    ids = DumpIds("r1", "abc", 5, "hdrope", "paley", 4, 1e4)
+    ids = DumpIds("r1", "abc", 5, encoding_identity(model.args.pe))
     attn_path, prof_path = dump_attention(model, tokens, DumpConfig(samples=3, heads=[1]), ids, tmp_path)
     pf = pq.ParquetFile(attn_path)
     assert pf.num_row_groups == 2  # one per layer
     t = pf.read()
     assert t.num_rows == 3 * 2 * 1 and set(t.column("head").to_pylist()) == {1}
     assert t.schema.field("attn").type.extension_name == "arrow.fixed_shape_tensor"
-    assert pf.schema_arrow.metadata[b"hdrope.dump_schema"] == b"1"
+    assert pf.schema_arrow.metadata[b"hdrope.dump_schema"] == b"2"
+    assert t.column("pe_label").to_pylist() == ["4D Paley"] * 6 and t.column("basis_seed").null_count == 6
     maps = t.column("attn").combine_chunks().to_numpy_ndarray().astype(np.float64)
     assert maps.shape == (6, 40, 40)
     np.testing.assert_allclose(maps.sum(-1), 1.0, atol=2e-2)  # rows are distributions (fp16)
@@ -60,7 +62,7 @@ def test_dump_over_budget_is_refused_before_computing(tmp_path):
     cfg = DumpConfig(samples=64, seq_len=1024, byte_budget=2**20)
     with pytest.raises(ValueError, match=r"dump.samples, dump.seq_len, dump.layers or dump.heads"):
         tokens = torch.zeros(64, 1024, dtype=torch.long)
-        dump_attention(_model(), tokens, cfg, DumpIds("r", "h", 0, "", "", 0, 0), tmp_path)
+        dump_attention(_model(), tokens, cfg, DumpIds("r", "h", 0, encoding_identity(PEConfig())), tmp_path)
     assert not (tmp_path / "attention.parquet").exists()
 
 

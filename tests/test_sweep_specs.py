@@ -58,7 +58,7 @@ BAD = [
     ("name: a/b\nbase: tiny", "name='a/b' is not a plain name"),
     ("name: x\nbase: nosuchpreset", "unknown preset 'nosuchpreset'"),
     ("name: x\nbase: ../../etc/passwd", "not a plain name"),
-    ("name: x\nbase: tiny\naxes: {model.pe.rotation_dim: [3]}", "rotation_dim=3 does not divide head_dim=32"),
+    ("name: x\nbase: tiny\naxes: {model.pe.rotation_dim: [3]}", "rotation_dim=3: must be an even integer >= 2"),
     ("name: x\nbase: tiny\naxes: {model.pe.rotation_dim: [16]}", "14 or 18"),
     ("name: x\nbase: tiny\naxes: {model.pe.theta: [1.0]}", "theta must be > 1"),
     ("name: x\nbase: tiny\naxes: {model.pe.basis: [qr]}", "unknown basis"),

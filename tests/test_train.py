@@ -144,10 +144,12 @@ def test_lr_schedule_shape():
 def test_cli_train_logs_to_mlflow(tmp_path, cache_dir):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cmd = [sys.executable, "-m", "hdrope.console", "train", "tiny", "train.steps=10", f"data.cache_dir={cache_dir}",
-           f"train.out_dir={tmp_path / 'run'}", *FAST, "--tracking-uri", uri, "--no-progress"]
+           f"train.out_dir={tmp_path / 'run'}", "train.log_every=5", "train.eval_every=5", *FAST,
+           "--tracking-uri", uri, "--no-progress"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["step"] == 10
+    printed = json.loads(out.stdout)
+    assert printed["step"] == 10
     import mlflow
 
     client = mlflow.MlflowClient(uri)
@@ -155,7 +157,11 @@ def test_cli_train_logs_to_mlflow(tmp_path, cache_dir):
     (run,) = client.search_runs([exp.experiment_id])
     assert run.info.status == "FINISHED"
     assert run.data.params["model.pe.rotation_dim"] == "4"
-    assert len(client.get_metric_history(run.info.run_id, "train_loss")) >= 2
+    # each metric once, at the step it was computed; the final evaluation reaches MLflow (not the mid-run value)
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")] == [5, 10]
+    val = client.get_metric_history(run.info.run_id, "val_loss")
+    assert [m.step for m in val] == [5, 10] and val[0].value != val[1].value
+    assert round(val[1].value, 4) == printed["metrics"]["val_loss"]
     assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"config", "result"}
 
 

@@ -8,9 +8,10 @@ Schema (`attention.parquet`, one row per (sample, layer, head), one row group pe
 | step | int64 | optimizer step of the weights |
 | sample, layer, head | int32 | probe sample index, layer index, query head index |
 | seq_len | int32 | L |
-| pe_kind, basis | string | position encoding kind and basis |
+| pe_kind, pe_label, basis, scaling | string | the run's encoding identity (`trainer.position.encoding_identity`) |
 | rotation_dim | int32 | N (2 for rope, 0 for nope) |
-| theta | float64 | RoPE base |
+| basis_seed | int64 | seed of a random basis (null otherwise) |
+| theta | float64 | RoPE base (null for nope) |
 | attn | fixed_shape_tensor<float16>[L, L] | softmax probabilities (row = query) |
 | entropy | float32 | mean row entropy (nats) |
 | erank | float32 | Roy–Vetterli effective rank (σ variant, float64 SVD) |
@@ -36,10 +37,11 @@ from hdrope.diagnostics import effective_rank, row_entropy
 from hdrope.errors import UserError
 from trainer.config import DumpConfig
 from trainer.model import Llama
+from trainer.position import IDENTITY_COLUMNS
 
-__all__ = ["DUMP_SCHEMA_VERSION", "DumpIds", "dump_attention", "dump_bytes", "dump_selection"]
+__all__ = ["DUMP_SCHEMA_VERSION", "DumpIds", "dump_attention", "dump_bytes", "dump_selection", "identity_arrays"]
 
-DUMP_SCHEMA_VERSION = "1"
+DUMP_SCHEMA_VERSION = "2"  # 2: the full encoding identity columns
 
 
 @dataclass
@@ -49,10 +51,7 @@ class DumpIds:
     run_id: str
     config_hash: str
     step: int
-    pe_kind: str
-    basis: str
-    rotation_dim: int
-    theta: float
+    encoding: dict  # trainer.position.encoding_identity of the run
 
 
 def dump_selection(cfg: DumpConfig, n_layers: int, n_heads: int, train_len: int) -> tuple[list[int], list[int], int]:
@@ -88,13 +87,20 @@ def _id_columns(ids: DumpIds, n: int) -> dict[str, pa.Array]:
     }
 
 
+_ARROW_TYPES = {str: pa.string(), int: pa.int64(), float: pa.float64()}
+
+
+def identity_arrays(encoding: dict, n: int) -> dict[str, pa.Array]:
+    """The encoding identity as n-row Arrow columns, typed per IDENTITY_COLUMNS (rotation_dim int32)."""
+    cols = {}
+    for name, kind in IDENTITY_COLUMNS.items():
+        typ = pa.int32() if name == "rotation_dim" else _ARROW_TYPES[kind]
+        cols[name] = pa.array([encoding[name]] * n, typ)
+    return cols
+
+
 def _pe_columns(ids: DumpIds, n: int) -> dict[str, pa.Array]:
-    return {
-        "pe_kind": pa.array([ids.pe_kind] * n, pa.string()),
-        "basis": pa.array([ids.basis] * n, pa.string()),
-        "rotation_dim": pa.array([ids.rotation_dim] * n, pa.int32()),
-        "theta": pa.array([ids.theta] * n, pa.float64()),
-    }
+    return identity_arrays(ids.encoding, n)
 
 
 def _distance_profile(logits: torch.Tensor) -> np.ndarray:

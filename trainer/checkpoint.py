@@ -24,7 +24,7 @@ from torch import nn
 from hdrope.errors import UserError
 from trainer.cache import sha256_file
 
-__all__ = ["latest_checkpoint", "list_checkpoints", "load_checkpoint", "save_checkpoint"]
+__all__ = ["latest_checkpoint", "list_checkpoints", "load_checkpoint", "read_state", "save_checkpoint"]
 
 _FILES = ("model.safetensors", "trainer_state.pt", "state.json")
 _PREFIX = "step_"
@@ -127,4 +127,18 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
     random.setstate((version, tuple(internal), gauss))
     kind, pos, has_gauss, cached = state["numpy_rng"]
     np.random.set_state((kind, blob["rng"]["numpy"].numpy().astype(np.uint32), pos, has_gauss, cached))
+    return state
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """A checkpoint's state.json (step, config hash, ...) without loading weights; UserError when unreadable."""
+    file = Path(path) / "state.json"
+    try:
+        state = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"checkpoint {path}: state.json is unreadable ({type(err).__name__}); "
+                        "delete this checkpoint directory to resume from the previous one") from None
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise UserError(f"checkpoint {path}: state.json has no step; "
+                        "delete this checkpoint directory to resume from the previous one")
     return state

@@ -7,18 +7,19 @@ One `RunConfig` flows from a preset (experiments/*.yaml) or a sweep cell into `t
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
-
-from omegaconf import OmegaConf
 
 from hdrope.errors import UserError
 from trainer.model import ModelArgs, validate_model_args
 
 __all__ = [
-    "METRIC_NAMES",
+    "BASE_METRICS",
     "DataConfig",
     "DumpConfig",
     "EvalConfig",
@@ -30,12 +31,24 @@ __all__ = [
     "config_errors",
     "config_hash",
     "flatten_config",
+    "metric_names",
+    "name_problem",
     "validate_config",
 ]
 
-# The stable metric names a run reports (the issue's contract); `lr` is logged too while training.
-METRIC_NAMES = ("train_loss", "val_loss", "val_bpb", "tokens_per_s", "mfu", "val_loss_x2", "val_loss_x4",
-                "val_loss_x8", "passkey_acc")
+# The metrics every run reports (train side each log_every, validation each eval_every and at the end).
+BASE_METRICS = ("train_loss", "lr", "tokens_per_s", "mfu", "val_loss", "val_bpb")
+
+
+def metric_names(cfg: RunConfig) -> list[str]:
+    """Every metric a run of cfg reports, in a stable order (extrapolation and passkey as configured)."""
+    names = list(BASE_METRICS)
+    if cfg.eval.extrapolation_batches > 0:
+        names += [f"val_loss_x{f}" for f in cfg.eval.extrapolation]
+    if cfg.eval.passkey.enabled:
+        names.append("passkey_acc")
+    return names
+
 
 # Keys that say where or how verbosely a run writes, not what it computes.
 _NON_SEMANTIC = ("train.out_dir", "train.log_every", "train.threads", "train.progress", "data.cache_dir")
@@ -103,7 +116,7 @@ class TrainConfig:
     eval_every: int = 100  # 0: only at the end
     ckpt_every: int = 100  # 0: only at the end
     keep_last: int = 3
-    out_dir: str = "runs/default"
+    out_dir: str = ""  # "": runs/<name>-<config hash>, unique per configuration
     dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
     compile: bool = False
     device: str = "auto"  # auto | cpu | cuda
@@ -163,14 +176,41 @@ class RunConfig:
 def _positive(errors: list[str], section: Any, prefix: str, names: tuple[str, ...], allow_zero: bool = False) -> None:
     for name in names:
         v = getattr(section, name)
+        if isinstance(v, float) and not math.isfinite(v):
+            continue  # reported once, by _finite
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (v == 0 and not allow_zero):
             need = "a non-negative" if allow_zero else "a positive"
             errors.append(f"{prefix}.{name}={v!r}: must be {need} number")
 
 
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def name_problem(value: Any, what: str) -> str | None:
+    """Why value is not a plain name that stays inside its directory, or None when it is one."""
+    if isinstance(value, str) and NAME_RE.fullmatch(value) and ".." not in value:
+        return None
+    return (f"{what}={value!r} is not a plain name; use 1-100 letters, digits, '.', '_' or '-' "
+            "(no '/', no '..', no spaces or newlines), starting with a letter or digit")
+
+
+def _finite(cfg: RunConfig) -> list[str]:
+    """A problem for every NaN or infinite number anywhere in the config (lists included)."""
+    out = []
+    for key, value in flatten_config(cfg).items():
+        values = json.loads(value) if isinstance(value, str) and value.startswith("[") else [value]
+        for v in values if isinstance(values, list) else [values]:
+            if isinstance(v, float) and not math.isfinite(v):
+                out.append(f"{key}={value!r}: NaN and infinity are not allowed; give a finite number")
+                break
+    return out
+
+
 def config_errors(cfg: RunConfig) -> list[str]:
     """Every problem with a config, each naming the key, the value and the fix; empty when valid."""
-    errors: list[str] = []
+    errors: list[str] = _finite(cfg)
+    if (problem := name_problem(cfg.name, "name")) is not None:
+        errors.append(problem)
     try:
         validate_model_args(cfg.model)
     except UserError as err:
@@ -247,7 +287,7 @@ def flatten_config(cfg: RunConfig) -> dict[str, Any]:
         else:
             out[prefix] = node
 
-    walk("", OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True))
+    walk("", dataclasses.asdict(cfg))
     return out
 
 

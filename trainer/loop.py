@@ -2,17 +2,17 @@
 
 Seeded (train.seed, 42 by default) for random, numpy and torch; batches depend only on the step,
 so resuming from a checkpoint reproduces an uninterrupted run's per-step losses exactly (CPU,
-fp32). Writes under train.out_dir: config.yaml, checkpoints/, metrics.jsonl, passkey.parquet,
-attention/ and result.json.
+fp32). Writes under train.out_dir (default runs/<name>-<config hash>): run.json, config.yaml,
+checkpoints/, metrics.jsonl, passkey.parquet, attention/ and result.json (see trainer.run_files).
+A run directory belongs to one configuration; another one is refused. Each metric is reported
+once, at the step it was computed; the final evaluation is reported at the last step.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import random
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,16 +25,28 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from hdrope.errors import UserError
-from trainer.attention_dump import DumpIds, check_budget, dump_attention
+from trainer.attention_dump import DumpIds, check_budget, dump_attention, identity_arrays
 from trainer.batches import TrainBatches, check_length, val_windows
-from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from trainer.checkpoint import latest_checkpoint, load_checkpoint, read_state, save_checkpoint
 from trainer.config import RunConfig, config_hash, flatten_config, validate_config
 from trainer.corpus import load_corpus
 from trainer.evaluate import Autocast, evaluate_passkey, evaluate_validation
 from trainer.model import Llama
 from trainer.optim import build_optimizer, lr_at
 from trainer.passkey.prompt import PasskeyPrompter
+from trainer.position import encoding_identity
 from trainer.reporting import Reporter
+from trainer.run_files import (
+    METRICS_FILE,
+    RESULT_FILE,
+    append_metrics,
+    claim_run_dir,
+    default_out_dir,
+    metrics_at,
+    read_metrics,
+    truncate_metrics,
+    write_json_atomic,
+)
 from trainer.throughput import flops_per_token, peak_flops
 from trainer.token_cache import TokenData, cached_tokens
 from trainer.tokenizer import Tokenizer, load_tokenizer
@@ -124,19 +136,18 @@ def _check_lengths(cfg: RunConfig, data: DataBundle) -> None:
 
 
 def _write_passkey_table(rows: list[dict], cfg: RunConfig, chash: str, path: Path) -> None:
-    pe = cfg.model.pe
     table = pa.Table.from_pylist(rows)
-    extra = {"run_name": cfg.name, "config_hash": chash, "pe_kind": pe.kind, "basis": pe.basis,
-             "rotation_dim": 2 if pe.kind == "rope" else pe.rotation_dim, "theta": float(pe.theta)}
+    extra = {"run_name": pa.array([cfg.name] * len(table)), "config_hash": pa.array([chash] * len(table)),
+             **identity_arrays(encoding_identity(cfg.model.pe), len(table))}
     for k, v in extra.items():
-        table = table.append_column(k, pa.array([v] * len(table)))
+        table = table.append_column(k, v)
     pq.write_table(table, path)
 
 
 def _checkpoint_step(path: Path) -> int:
     try:
-        return int(json.loads((Path(path) / "state.json").read_text())["step"])
-    except (OSError, ValueError, KeyError):
+        return int(read_state(Path(path))["step"])
+    except (UserError, KeyError, TypeError, ValueError):
         return -1
 
 
@@ -146,7 +157,7 @@ class _Run:
     def __init__(self, cfg: RunConfig, reporter: Reporter) -> None:
         self.cfg, self.reporter = cfg, reporter
         self.chash = config_hash(cfg)
-        self.run_dir = Path(cfg.train.out_dir)
+        self.run_dir = Path(cfg.train.out_dir) if cfg.train.out_dir else default_out_dir(cfg.name, self.chash)
         self.ckpt_root = self.run_dir / "checkpoints"
         self.device = _device(cfg.train.device)
         self.autocast, self.amp_dtype = _autocast(self.device, cfg.train.dtype)
@@ -164,20 +175,29 @@ class _Run:
         self.train_seconds, self.steps_here = 0.0, 0  # pure training time and steps in this process
         self.resumed_from: int | None = None
         self.last_ckpt: Path | None = None
-        self.metrics_file = self.run_dir / "metrics.jsonl"
+        self.metrics_file = self.run_dir / METRICS_FILE
+        self.step_metrics: dict[str, float] = {}  # what was reported at self.step
 
     def resume(self) -> None:
-        """Continue from the newest of the reporter's checkpoint (e.g. Ray's) and this run's own latest."""
+        """Continue from the newest of the reporter's checkpoint (e.g. Ray's) and this run's own latest.
+
+        A checkpoint of another configuration is refused; metrics.jsonl is cut back to the resumed step."""
         candidates = [p for p in (self.reporter.restore_path(), latest_checkpoint(self.ckpt_root)) if p is not None]
-        if not candidates:
-            return
-        path = max(candidates, key=_checkpoint_step)
-        state = load_checkpoint(Path(path), self.model, self.optimizer)
-        if state.get("config_hash") != self.chash:
-            print(f"warning: resuming {path} written with config {state.get('config_hash')}, now {self.chash}",
-                  file=sys.stderr)
-        self.step, self.losses = int(state["step"]), list(state["losses"])
-        self.resumed_from, self.last_ckpt = self.step, Path(path)
+        if candidates:
+            path = max(candidates, key=_checkpoint_step)
+            written_by = read_state(Path(path)).get("config_hash")
+            if written_by != self.chash:
+                raise UserError(
+                    f"checkpoint {path} was written by config {written_by}, not this config {self.chash}; "
+                    "resume it with the config it was trained with, or pass another train.out_dir"
+                )
+            state = load_checkpoint(Path(path), self.model, self.optimizer)
+            self.step, self.losses = int(state["step"]), list(state["losses"])
+            self.resumed_from, self.last_ckpt = self.step, Path(path)
+        truncate_metrics(self.metrics_file, self.step)
+        self.step_metrics = metrics_at(read_metrics(self.metrics_file), self.step)
+        if self.step < self.cfg.train.steps:
+            (self.run_dir / RESULT_FILE).unlink(missing_ok=True)  # it describes a state this run moves past
 
     def train_step(self) -> float:
         cfg = self.cfg
@@ -206,15 +226,20 @@ class _Run:
         return lr
 
     def emit(self, metrics: dict[str, float]) -> None:
-        with open(self.metrics_file, "a") as f:
-            f.write(json.dumps({"step": self.step, **metrics}) + "\n")
+        """Record and report metrics computed at the current step (each name once per step)."""
+        metrics = {k: v for k, v in metrics.items() if k not in self.step_metrics}
+        if not metrics:
+            return
+        append_metrics(self.metrics_file, self.step, metrics)
+        self.step_metrics.update(metrics)
         self.reporter.log(self.step, metrics)
 
-    def checkpoint(self, metrics: dict[str, float]) -> None:
+    def checkpoint(self) -> None:
+        """Save a checkpoint of the current step; the reporter sees only the metrics computed at this step."""
         state = {"losses": self.losses, "config_hash": self.chash}
         self.last_ckpt = save_checkpoint(self.ckpt_root, self.step, self.model, self.optimizer, state,
                                          self.cfg.train.keep_last)
-        self.reporter.checkpoint(self.step, self.last_ckpt, metrics)
+        self.reporter.checkpoint(self.step, self.last_ckpt, dict(self.step_metrics))
 
     def validation(self, extrapolate: bool) -> dict[str, float]:
         return evaluate_validation(self.model, self.data.tokens.val, self.cfg.model.max_seq_len, self.cfg.eval,
@@ -237,7 +262,7 @@ def train(cfg: RunConfig, reporter: Reporter | None = None) -> TrainResult:
 
 def _train(cfg: RunConfig, reporter: Reporter) -> TrainResult:
     run = _Run(cfg, reporter)
-    run.run_dir.mkdir(parents=True, exist_ok=True)
+    claim_run_dir(run.run_dir, run.chash, cfg.name)
     (run.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     run.resume()
     t = cfg.train
@@ -246,39 +271,41 @@ def _train(cfg: RunConfig, reporter: Reporter) -> TrainResult:
     tokens_per_step = t.batch_size * t.grad_accum * cfg.model.max_seq_len
     fpt = flops_per_token(cfg.model, cfg.model.max_seq_len)
     t_start = window_t = time.perf_counter()
-    window_steps, stop_reason, metrics = 0, "completed", {}
+    window_steps, stop_reason = 0, "completed"
     while run.step < t.steps:
         t0 = time.perf_counter()
         lr = run.train_step()
+        run.step_metrics = {}
         run.train_seconds += time.perf_counter() - t0
         run.steps_here += 1
         window_steps += 1
         step = run.step
+        metrics: dict[str, float] = {}
         if (t.log_every and step % t.log_every == 0) or step == t.steps:
             elapsed = time.perf_counter() - window_t
             tps = tokens_per_step * window_steps / max(elapsed, 1e-9)
             metrics = {"train_loss": float(np.mean(run.losses[-window_steps:])), "lr": lr, "tokens_per_s": tps,
                        "mfu": tps * fpt / peak_flops(run.device, run.amp_dtype, t.peak_tflops)}
-            if t.eval_every and step % t.eval_every == 0 and step < t.steps:
-                metrics.update(run.validation(extrapolate=False))
-            run.emit(metrics)
             window_steps, window_t = 0, time.perf_counter()
-        elif t.eval_every and step % t.eval_every == 0 and step < t.steps:
-            run.emit(run.validation(extrapolate=False))
+        if t.eval_every and step % t.eval_every == 0 and step < t.steps:
+            metrics.update(run.validation(extrapolate=False))
+        run.emit(metrics)
         out_of_time = t.max_time_s > 0 and time.perf_counter() - t_start > t.max_time_s
         if (t.ckpt_every and step % t.ckpt_every == 0 and step < t.steps) or out_of_time:
-            run.checkpoint(metrics)
+            run.checkpoint()
         if out_of_time:
             stop_reason = "max_time"
             break
-    return _finish(run, stop_reason)
+    return _finish(run, stop_reason, window_steps)
 
 
-def _finish(run: _Run, stop_reason: str) -> TrainResult:
+def _finish(run: _Run, stop_reason: str, window_steps: int) -> TrainResult:
+    """The final evaluation at the last step, its report, the last checkpoint and result.json."""
     cfg, reporter = run.cfg, run.reporter
     final = run.validation(extrapolate=True)
-    final["train_loss"] = float(np.mean(run.losses[-max(1, cfg.train.log_every) :])) if run.losses else float("nan")
-    if run.steps_here:
+    if window_steps:  # the run stopped between log steps (out of time): its train metrics are reported here
+        final["train_loss"] = float(np.mean(run.losses[-window_steps:]))
+    if run.steps_here and "tokens_per_s" not in run.step_metrics:
         tps = cfg.train.batch_size * cfg.train.grad_accum * cfg.model.max_seq_len * run.steps_here / run.train_seconds
         peak = peak_flops(run.device, run.amp_dtype, cfg.train.peak_tflops)
         final.update(tokens_per_s=tps, mfu=tps * flops_per_token(cfg.model, cfg.model.max_seq_len) / peak)
@@ -293,23 +320,22 @@ def _finish(run: _Run, stop_reason: str) -> TrainResult:
     if cfg.dump.enabled:
         length = cfg.dump.seq_len or cfg.model.max_seq_len
         probe = val_windows(run.data.tokens.val, length, cfg.dump.samples)[:, :length]
-        pe = cfg.model.pe
-        ids = DumpIds(cfg.name, run.chash, run.step, pe.kind, pe.basis if pe.kind == "hdrope" else "identity",
-                      {"rope": 2, "nope": 0}.get(pe.kind, pe.rotation_dim), float(pe.theta))
+        ids = DumpIds(cfg.name, run.chash, run.step, encoding_identity(cfg.model.pe))
         attn, prof = dump_attention(run.model, probe, cfg.dump, ids, run.run_dir / "attention")
         artifacts["attention"], artifacts["logit_profile"] = attn, prof
-    if run.last_ckpt is None or not run.last_ckpt.name.endswith(f"{run.step:08d}"):
-        run.checkpoint(final)
-    else:
-        reporter.checkpoint(run.step, run.last_ckpt, final)
     run.emit(final)
-    result_path = run.run_dir / "result.json"
-    clean = {k: (v if math.isfinite(v) else None) for k, v in final.items()}
-    result = {"config_hash": run.chash, "step": run.step, "stop_reason": stop_reason, "metrics": clean,
-              "checkpoint": str(run.last_ckpt), "resumed_from": run.resumed_from}
-    result_path.write_text(json.dumps(result, indent=1))
+    if run.last_ckpt is None or not run.last_ckpt.name.endswith(f"{run.step:08d}"):
+        run.checkpoint()
+    else:
+        reporter.checkpoint(run.step, run.last_ckpt, dict(run.step_metrics))
+    metrics = {k: v for k, v in run.step_metrics.items() if k != "lr"}
+    clean = {k: (v if v is not None and math.isfinite(v) else None) for k, v in metrics.items()}
+    result_path = run.run_dir / RESULT_FILE
+    write_json_atomic(result_path, {"config_hash": run.chash, "step": run.step, "stop_reason": stop_reason,
+                                    "metrics": clean, "checkpoint": str(run.last_ckpt),
+                                    "resumed_from": run.resumed_from})
     for kind, path in {**artifacts, "result": result_path}.items():
         reporter.artifact(path, kind)
     reporter.finish("FINISHED")
-    return TrainResult(run.run_dir, run.chash, run.step, run.losses, final, run.last_ckpt, artifacts,
+    return TrainResult(run.run_dir, run.chash, run.step, run.losses, metrics, run.last_ckpt, artifacts,
                        run.resumed_from, stop_reason)

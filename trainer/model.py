@@ -60,6 +60,9 @@ def validate_model_args(a: ModelArgs) -> PositionEncoding:
             "grouped-query attention needs n_kv_heads to divide n_heads"
         )
     hd = a.resolved_head_dim
+    n = a.pe.rotation_dim
+    if a.pe.kind == "hdrope" and (not isinstance(n, int) or isinstance(n, bool) or n < 2 or n % 2):
+        raise UserError(f"model.pe.rotation_dim={n!r}: must be an even integer >= 2 (the paper uses 2, 4, 8, 32)")
     if a.pe.kind == "hdrope" and hd % a.pe.rotation_dim:
         raise UserError(
             f"model.pe.rotation_dim={a.pe.rotation_dim} does not divide head_dim={hd}; "

@@ -2,15 +2,17 @@
 
 A preset file holds any of the RunConfig sections (`model:`, `data:`, `optim:`, `train:`, `eval:`,
 `dump:`). Overrides are dotted `key=value` strings (`model.pe.rotation_dim=8`), parsed by OmegaConf
-as YAML scalars, never evaluated.
+as YAML scalars, never evaluated. Presets, specs and overrides are data: an OmegaConf interpolation
+(`${oc.env:SECRET}`, `${other.key}`) in any layer is refused, never resolved.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hdrope.errors import UserError
@@ -25,6 +27,7 @@ __all__ = [
     "merge_config",
     "preset_layer",
     "preset_path",
+    "refuse_interpolations",
 ]
 
 EXPERIMENTS_DIR = Path(__file__).resolve().parent.parent / "experiments"
@@ -57,8 +60,30 @@ def _check_overrides(overrides: list[str]) -> None:
             raise UserError(f"override {item!r} is not key=value; write e.g. model.pe.rotation_dim=8")
 
 
+def interpolations(node: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """(dotted key, value) of every string in node that OmegaConf would resolve (contains '${')."""
+    if isinstance(node, (DictConfig, ListConfig)):
+        node = OmegaConf.to_container(node, resolve=False)
+    if isinstance(node, dict):
+        return [hit for k, v in node.items() for hit in interpolations(v, f"{prefix}.{k}" if prefix else str(k))]
+    if isinstance(node, list):
+        return [hit for i, v in enumerate(node) for hit in interpolations(v, f"{prefix}[{i}]")]
+    return [(prefix, node)] if isinstance(node, str) and "${" in node else []
+
+
+def refuse_interpolations(node: Any, where: str) -> None:
+    """UserError naming every interpolation in a config layer: specs, presets and overrides are never resolved."""
+    found = interpolations(node)
+    if found:
+        shown = ", ".join(f"{k}={v!r}" for k, v in found[:3])
+        raise UserError(f"{where}: {shown} is an OmegaConf interpolation; specs, presets and overrides are data "
+                        "and are never resolved (that could read environment variables): write the value itself")
+
+
 def merge_config(layers: list, where: str = "config") -> RunConfig:
-    """Merge OmegaConf layers (dicts/DictConfigs) onto the RunConfig schema; ValueError names the bad key."""
+    """Merge OmegaConf layers (dicts/DictConfigs) onto the RunConfig schema; UserError names the bad key."""
+    for layer in layers:
+        refuse_interpolations(layer, where)
     schema = OmegaConf.structured(RunConfig)
     try:
         merged = OmegaConf.merge(schema, *layers)

@@ -22,6 +22,7 @@ from trainer.config import config_hash
 from trainer.generate import greedy_generate
 from trainer.model import Llama
 from trainer.passkey.prompt import first_integer, stop_after_number
+from trainer.position import encoding_identity
 from trainer.presets import merge_config
 
 __all__ = ["evaluate_dataset"]
@@ -79,10 +80,8 @@ def evaluate_dataset(checkpoint: Path, dataset: Path, out: Path | None = None, m
     raw["depth_bin"] = (raw["depth"] * 10).clip(upper=9.999).astype(int) / 10 + 0.05
     table = raw.groupby(["bucket_u", "depth_bin"], as_index=False).agg(accuracy=("correct", "mean"),
                                                                        n=("correct", "size"))
-    pe = cfg.model.pe
     chash = config_hash(cfg)
-    table = table.assign(pe_kind=pe.kind, rotation_dim=2 if pe.kind == "rope" else pe.rotation_dim, basis=pe.basis,
-                         theta=float(pe.theta), config_hash=chash, checkpoint=str(checkpoint),
+    table = table.assign(**encoding_identity(cfg.model.pe), config_hash=chash, checkpoint=str(checkpoint),
                          target_length=table["bucket_u"], depth_target=table["depth_bin"], correct=table["accuracy"])
     out = out or dataset / f"eval_{chash}.parquet"
     table.to_parquet(out, index=False)

@@ -1,0 +1,136 @@
+"""The files of one run directory, and which configuration owns it.
+
+    run.json        {"config_hash", "name"}: written when a run starts; a directory belongs to one configuration
+    metrics.jsonl   one JSON object per report, {"step": s, metric: value, ...}; each metric at most once per step
+    result.json     the final result (config hash, step, stop reason, every final metric)
+
+A resumed run cuts metrics.jsonl back to the step it resumes from, so the file always equals the
+one an uninterrupted run writes. Readers tolerate a last line that is still being written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from hdrope.errors import UserError
+
+__all__ = [
+    "METRICS_FILE",
+    "RESULT_FILE",
+    "RUN_FILE",
+    "append_metrics",
+    "claim_run_dir",
+    "default_out_dir",
+    "metrics_at",
+    "read_metrics",
+    "read_result",
+    "truncate_metrics",
+    "write_json_atomic",
+]
+
+RUN_FILE, METRICS_FILE, RESULT_FILE = "run.json", "metrics.jsonl", "result.json"
+
+
+def default_out_dir(name: str, config_hash: str) -> Path:
+    """runs/<name>-<config hash>: unique per configuration, so two different runs never share a directory."""
+    return Path("runs") / f"{name}-{config_hash}"
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to path through a temporary file and a rename (readers never see half a file)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path, what: str, fix: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"{path}: {what} is corrupt ({type(err).__name__}); {fix}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: {what} is not a JSON object; {fix}")
+    return data
+
+
+def read_result(run_dir: Path) -> dict[str, Any] | None:
+    """The run's result.json, or None when it has none; UserError naming the file when it is corrupt."""
+    path = Path(run_dir) / RESULT_FILE
+    if not path.is_file():
+        return None
+    return _read_json(path, "result.json", "delete it and resume the run (`hdrope sweep resume` or `hdrope train`)")
+
+
+def claim_run_dir(run_dir: Path, config_hash: str, name: str) -> None:
+    """Make run_dir this configuration's; UserError when it already holds a run of another configuration."""
+    run_dir = Path(run_dir)
+    owners: dict[str, str] = {}
+    if (run_dir / RUN_FILE).is_file():
+        owners[RUN_FILE] = str(_read_json(run_dir / RUN_FILE, "run.json", "delete the run directory").get(
+            "config_hash", ""))
+    result = read_result(run_dir)
+    if result is not None:
+        owners[RESULT_FILE] = str(result.get("config_hash", ""))
+    for where, owner in owners.items():
+        if owner != config_hash:
+            raise UserError(
+                f"train.out_dir={str(run_dir)!r} holds a run of config {owner or '(unknown)'} ({where}), "
+                f"not of this config {config_hash}; a run directory belongs to one configuration: pass another "
+                "train.out_dir (or leave it empty for runs/<name>-<config hash>), or delete that directory"
+            )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / RUN_FILE, {"config_hash": config_hash, "name": name})
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Every record of a metrics.jsonl; a last line still being written is skipped, a corrupt earlier one is a
+    UserError naming the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    text = path.read_text(errors="replace")
+    lines = text.split("\n")
+    records = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines):  # no newline yet: the writer is mid-line
+                break
+            raise UserError(f"{path}:{i}: not a JSON line; the file is corrupt (delete the line or the run)") from None
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+            records.append(rec)
+    return records
+
+
+def metrics_at(records: list[dict[str, Any]], step: int) -> dict[str, float]:
+    """The metrics recorded at one step (all records of that step merged)."""
+    out: dict[str, float] = {}
+    for rec in records:
+        if rec["step"] == step:
+            out.update({k: v for k, v in rec.items() if k != "step"})
+    return out
+
+
+def append_metrics(path: Path, step: int, metrics: dict[str, float]) -> None:
+    """Append one record (non-finite values written as null)."""
+    clean = {k: (float(v) if math.isfinite(v) else None) for k, v in metrics.items()}
+    with open(path, "a") as f:
+        f.write(json.dumps({"step": step, **clean}) + "\n")
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop every record after `step` (a resumed run replays those steps)."""
+    path = Path(path)
+    if not path.is_file():
+        return
+    kept = [rec for rec in read_metrics(path) if rec["step"] <= step]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(json.dumps(rec) + "\n" for rec in kept))
+    os.replace(tmp, path)
