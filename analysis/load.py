@@ -27,6 +27,7 @@ __all__ = [
     "load_results",
     "load_stats",
     "open_dump",
+    "read_json",
     "sweep_cells",
 ]
 
@@ -107,21 +108,39 @@ def load_profiles(path: str | Path, layers=None, heads=None) -> pd.DataFrame:
     return df
 
 
+RESULT_COLUMNS = ("cell_id", "status", "dedup_of", "run_dir", "pe_kind", "pe_label", "rotation_dim", "basis", "theta")
+
+
 def load_results(sweep_dir: str | Path) -> pd.DataFrame:
-    """The sweep's results.parquet (one row per cell)."""
+    """The sweep's results.parquet (one row per cell); `attrs` holds its axes and seed axes.
+
+    A missing, unreadable, empty or foreign table is a UserError that says how to rewrite it."""
     path = Path(sweep_dir) / "results.parquet"
+    fix = "rewrite it with `hdrope sweep results NAME`"
     if not path.is_file():
         raise UserError(f"{sweep_dir}: no results.parquet; run `hdrope sweep results NAME` first")
     try:
-        return pq.read_table(path).to_pandas()
-    except Exception as err:
-        raise UserError(f"{path}: unreadable ({type(err).__name__})") from None
+        table = pq.read_table(path)
+    except Exception as err:  # pyarrow raises several types for a damaged file
+        raise UserError(f"{path}: unreadable ({type(err).__name__}); {fix}") from None
+    missing = [c for c in RESULT_COLUMNS if c not in table.column_names]
+    if missing:
+        raise UserError(f"{path}: not a results table of this version (missing columns {missing}); {fix}")
+    if table.num_rows == 0:
+        raise UserError(f"{path}: has no rows (no cell was planned?); {fix}")
+    meta = table.schema.metadata or {}
+    df = table.to_pandas()
+    df.attrs["axes"] = json.loads(meta.get(b"hdrope.axes", b"[]"))
+    df.attrs["seed_axes"] = json.loads(meta.get(b"hdrope.seed_axes", b"[]"))
+    return df
 
 
 def sweep_cells(sweep_dir: str | Path) -> pd.DataFrame:
-    """Trained cells of a sweep with the paths of their dumps and passkey tables (dedup duplicates dropped)."""
-    df = load_results(sweep_dir)
-    df = df[df["dedup_of"].isna() & (df["status"] == "FINISHED")].copy()
+    """Trained cells of a sweep with their variant and the paths of their dumps and passkey tables
+    (dedup duplicates dropped)."""
+    from analysis.variants import trained
+
+    df = trained(load_results(sweep_dir))
     run = df["run_dir"].map(Path)
     df["attention_path"] = run.map(lambda p: p / "attention" / "attention.parquet")
     df["profile_path"] = run.map(lambda p: p / "attention" / "logit_profile.parquet")
@@ -130,12 +149,12 @@ def sweep_cells(sweep_dir: str | Path) -> pd.DataFrame:
 
 
 def load_passkey(sweep_dir: str | Path) -> pd.DataFrame:
-    """All cells' passkey rows with the cell's rotation config (for the polar fan heatmaps)."""
+    """All trained cells' passkey rows with the cell's id and variant (for the polar fan heatmaps)."""
     frames = []
     for _, cell in sweep_cells(sweep_dir).iterrows():
         if cell["passkey_path"].is_file():
             t = pq.read_table(cell["passkey_path"]).to_pandas()
-            t["cell_id"] = cell["cell_id"]
+            t["cell_id"], t["variant"], t["variant_rank"] = cell["cell_id"], cell["variant"], cell["variant_rank"]
             frames.append(t)
     if not frames:
         raise UserError(f"{sweep_dir}: no passkey.parquet in any cell; enable eval.passkey")
@@ -143,5 +162,13 @@ def load_passkey(sweep_dir: str | Path) -> pd.DataFrame:
 
 
 def read_json(path: Path) -> dict:
-    """A JSON file, or {} when absent."""
-    return json.loads(path.read_text()) if path.is_file() else {}
+    """A JSON object from a file, or {} when absent; UserError naming the file when it is corrupt."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"{path}: not valid JSON ({type(err).__name__}: truncated or edited)") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object")
+    return data

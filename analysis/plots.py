@@ -1,18 +1,18 @@
-"""Matplotlib figures (Agg backend): every axis labelled with its unit, saved as PNG."""
+"""Matplotlib figures for reports: every axis labelled with its unit, saved as PNG.
+
+Figures are built as `matplotlib.figure.Figure` objects without pyplot, so importing this module
+never changes the backend (notebooks keep rendering inline) and nothing opens a window."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
 import matplotlib.ticker
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.figure import Figure
 
-__all__ = ["line_figure", "polar_fan", "save"]
+__all__ = ["line_figure", "panel_figure", "polar_fan", "save"]
 
 
 def save(fig, path: Path) -> Path:
@@ -20,7 +20,6 @@ def save(fig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=150)
-    plt.close(fig)
     return path
 
 
@@ -28,7 +27,8 @@ def line_figure(series: dict[str, tuple[np.ndarray, np.ndarray]], xlabel: str, y
                 logx: bool = False, logy: bool = False, band: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
                 hline: float | None = None):
     """One line per label (x, y), optional shaded bands (lo, hi) and a horizontal reference line."""
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     for label, (x, y) in series.items():
         ax.plot(x, y, marker="o" if len(x) < 20 else None, label=label)
         if band and label in band:
@@ -45,9 +45,27 @@ def line_figure(series: dict[str, tuple[np.ndarray, np.ndarray]], xlabel: str, y
     return fig
 
 
+def panel_figure(panels: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]], xlabel: str, ylabel: str, title: str,
+                 logx: bool = False, logy: bool = False):
+    """Side-by-side panels (one per key), each one line per label (x, y), sharing one legend."""
+    fig = Figure(figsize=(4.2 * len(panels), 4))
+    axes = fig.subplots(1, len(panels), squeeze=False, sharey=True)
+    for ax, (name, series) in zip(axes[0], panels.items(), strict=True):
+        for label, (x, y) in series.items():
+            ax.plot(x, y, label=label)
+        ax.set_xscale("log" if logx else "linear")
+        ax.set_yscale("log" if logy else "linear")
+        ax.set(xlabel=xlabel, title=name)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(ylabel)
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle(title)
+    return fig
+
+
 def polar_fan(table: pd.DataFrame, title: str):
     """Passkey accuracy as a fan: radius = context length (tokens), angle = relative key depth (0..1 over 90°)."""
-    fig = plt.figure(figsize=(5, 5))
+    fig = Figure(figsize=(5, 5))
     ax = fig.add_subplot(projection="polar")
     lengths = np.sort(table["target_length"].unique())
     depths = np.sort(table["depth_target"].unique())

@@ -1,10 +1,13 @@
 """`hdrope report NAME`: the paper's tables and figures from a finished sweep, as Markdown + PNG.
 
 Writes <sweep dir>/report/report.md and report/*.png, and logs them to the sweep's MLflow parent
-run. Sections appear when their inputs exist: the ablation table (rotation × basis × θ, mean ± 95%
-CI over seeds), metric vs θ per rotation dim, passkey polar fans per rotation dim, the effective-rank
-difference per layer against 2D RoPE, Fourier attention magnitudes at layers spread through depth,
-and the overhead table from `bench_train.json` (`hdrope bench train --json > <sweep dir>/bench_train.json`).
+run. Cells are grouped into variants by every axis except the seeds (`analysis.variants`): a table
+cell is mean ± 95% CI over seeds of one variant at one θ, never a pool of different settings. Every
+variant that trained appears in every table and figure. Sections appear when their inputs exist:
+ablation tables for every metric the runs produced, metric vs θ (when θ has two or more values),
+passkey polar fans per variant, layer-wise effective rank and its difference to the 2D variant,
+Fourier attention magnitudes at layers spread through depth, and the overhead table from
+`bench_train.json` (`hdrope bench train --json > <sweep dir>/bench_train.json`).
 """
 
 from __future__ import annotations
@@ -16,34 +19,48 @@ import pandas as pd
 
 from analysis.fourier import fourier_magnitude, rope_band_magnitude
 from analysis.load import load_passkey, load_profiles, load_results, load_stats, read_json, sweep_cells
-from analysis.plots import line_figure, polar_fan, save
-from analysis.rank import rank_difference
+from analysis.plots import line_figure, panel_figure, polar_fan, save
+from analysis.rank import layerwise_rank, rank_difference
 from analysis.stats import mean_ci
 from analysis.theory import pair_frequencies
+from analysis.variants import theta_text, trained
 from hdrope.errors import UserError
 
-__all__ = ["ablation_table", "build_report"]
+__all__ = ["ablation_table", "build_report", "metric_columns"]
 
-METRICS = ("val_loss", "val_bpb", "val_loss_x2", "val_loss_x4", "val_loss_x8", "passkey_acc")
+_NOT_METRICS = {"seed", "steps", "theta", "rotation_dim", "basis_seed"}
 
 
-def _variant(row) -> str:
-    return "2D RoPE" if int(row["rotation_dim"]) == 2 else f"{int(row['rotation_dim'])}D {row['basis']}"
+def metric_columns(results: pd.DataFrame) -> list[str]:
+    """The numeric metric columns the cells produced (in the results table's order), axes and ids excluded."""
+    axes = set(results.attrs.get("axes", []))
+    found = [c for c in results.columns if c not in _NOT_METRICS and c not in axes
+             and pd.api.types.is_float_dtype(results[c]) and results[c].notna().any()]
+    return sorted(found, key=lambda c: 0 if c.startswith("val_") else 1 if c.startswith("passkey") else 2)
+
+
+def _theta_order(values: pd.Series) -> list[float]:
+    finite = sorted({float(v) for v in values if v is not None and np.isfinite(v)})
+    return finite + ([float("nan")] if values.isna().any() else [])
 
 
 def ablation_table(results: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Rows: variant (rotation dim × basis, 2D merged); columns: θ; cells 'mean ± half-CI' over seeds."""
-    df = results[results["status"] == "FINISHED"].copy()
-    df = df[df["dedup_of"].isna()] if "dedup_of" in df else df
-    df["variant"] = df.apply(_variant, axis=1)
+    """Rows: variants (in identity order); columns: θ; cells 'mean ± half-CI (n)' over the seeds of that variant."""
+    df = trained(results)
+    thetas = _theta_order(df["theta"])
     out: dict[str, dict[str, str]] = {}
-    for (variant, theta), g in df.groupby(["variant", "theta"]):
-        s = mean_ci(g[metric].to_numpy(dtype=float))
-        cell = f"{s['mean']:.4f}" if s["n"] < 2 else f"{s['mean']:.4f} ± {(s['hi'] - s['lo']) / 2:.4f}"
-        out.setdefault(variant, {})[f"θ={theta:g}"] = cell
+    for (variant, _), g in df.groupby(["variant", "variant_rank"], sort=False):
+        for theta in thetas:
+            at = g[g["theta"].isna()] if np.isnan(theta) else g[np.isclose(g["theta"].astype(float), theta)]
+            if at.empty:
+                continue
+            s = mean_ci(at[metric].to_numpy(dtype=float))
+            text = f"{s['mean']:.4f}" if s["n"] < 2 else f"{s['mean']:.4f} ± {(s['hi'] - s['lo']) / 2:.4f} (n={s['n']})"
+            out.setdefault(variant, {})[theta_text(None if np.isnan(theta) else theta)] = text
+    ranks = df.drop_duplicates("variant").set_index("variant")["variant_rank"]
     table = pd.DataFrame(out).T
-    order = sorted(table.index, key=lambda v: (int(v.split("D")[0]), v))
-    return table.loc[order, sorted(table.columns, key=lambda c: float(c[2:]))]
+    columns = [c for c in (theta_text(None if np.isnan(t) else t) for t in thetas) if c in table.columns]
+    return table.loc[sorted(table.index, key=lambda v: ranks[v]), columns].fillna("")
 
 
 def _markdown(table: pd.DataFrame) -> str:
@@ -54,80 +71,129 @@ def _markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def _pick(cells: pd.DataFrame, n: int, theta: float) -> pd.Series | None:
-    """The first trained cell with rotation dim n at θ (Paley preferred for N > 2)."""
-    c = cells[(cells["rotation_dim"] == n) & np.isclose(cells["theta"], theta)]
-    if n > 2 and (c["basis"] == "paley").any():
-        c = c[c["basis"] == "paley"]
-    return c.iloc[0] if len(c) else None
+def _table_notes(df: pd.DataFrame, metric: str) -> list[str]:
+    """What a table cannot conclude: seeds per cell, and a metric that is zero everywhere."""
+    notes = []
+    counts = df.groupby(["variant", df["theta"].fillna(-1.0)])[metric].count()
+    if counts.max() < 2:
+        notes.append("_One seed per cell: no confidence intervals, so no difference here is tested._")
+    values = df[metric].dropna()
+    if len(values) and (values == 0).all():
+        notes.append(f"_{metric} is 0 for every cell: no model solved the task at this training budget._")
+    return notes
 
 
-def _metric_vs_theta(results: pd.DataFrame, out: Path, metric: str) -> Path | None:
-    df = results[(results["status"] == "FINISHED") & results["dedup_of"].isna()]
-    series = {}
-    for n, g in df.groupby("rotation_dim"):
-        if n > 2 and (g["basis"] == "paley").any():
-            g = g[g["basis"] == "paley"]
-        agg = g.groupby("theta")[metric].mean()
-        series[f"N={n}" + (" (Paley)" if n > 2 and (g["basis"] == "paley").any() else "")] = (
-            agg.index.to_numpy(), agg.to_numpy())
-    if not series or all(len(x) == 0 for x, _ in series.values()):
+def _by_theta(cells: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """(θ text, cells at that θ plus every θ-less variant such as NoPE) for each θ, or one group without θ."""
+    thetas = [t for t in _theta_order(cells["theta"]) if not np.isnan(t)]
+    free = cells[cells["theta"].isna()]
+    if not thetas:
+        return [("no θ", free)]
+    return [(theta_text(t), pd.concat([cells[np.isclose(cells["theta"].astype(float), t)], free])) for t in thetas]
+
+
+def _variants(cells: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    return [(v, g) for (v, _), g in cells.sort_values("variant_rank").groupby(["variant", "variant_rank"],
+                                                                                sort=False)]
+
+
+def _metric_vs_theta(cells: pd.DataFrame, out: Path, metric: str) -> Path | None:
+    thetas = [t for t in _theta_order(cells["theta"]) if not np.isnan(t)]
+    if len(thetas) < 2:
         return None
+    series = {}
+    for variant, g in _variants(cells):
+        if g["theta"].isna().all():  # no θ (NoPE): a flat reference line across the θ range
+            series[variant] = (np.array([thetas[0], thetas[-1]]), np.full(2, g[metric].mean()))
+        else:
+            agg = g.groupby("theta")[metric].mean()
+            series[variant] = (agg.index.to_numpy(dtype=float), agg.to_numpy())
     fig = line_figure(series, "RoPE base θ", f"{metric} (nats/token)" if "loss" in metric else metric,
-                      f"{metric} vs θ per rotation dim", logx=True)
+                      f"{metric} vs θ per variant (mean over seeds)", logx=True)
     return save(fig, out / f"{metric}_vs_theta.png")
+
+
+def _stats(group: pd.DataFrame) -> pd.DataFrame:
+    """The attention statistics of a variant's cells (seeds pooled)."""
+    return pd.concat([load_stats(p) for p in group["attention_path"]], ignore_index=True)
+
+
+def _reference(variants: list[tuple[str, pd.DataFrame]]) -> tuple[str, pd.DataFrame] | None:
+    """The 2D variant the differences are taken against (RoPE-equivalent), if one ran."""
+    two_d = [(v, g) for v, g in variants if (g["rotation_dim"] == 2).all()]
+    return two_d[0] if two_d else None
 
 
 def _rank_section(cells: pd.DataFrame, out: Path) -> tuple[list[Path], list[str]]:
     figs, notes = [], []
     have = cells[cells["attention_path"].map(lambda p: p.is_file())]
-    for theta in sorted(have["theta"].unique()):
-        base = _pick(have, 2, theta)
-        if base is None:
+    for tt, group in _by_theta(have):
+        variants = [(v, g, _stats(g)) for v, g in _variants(group)]
+        if not variants:
             continue
-        ref = load_stats(base["attention_path"])
+        tag = tt.replace("θ=", "theta").replace(" ", "_")
+        absolute = {v: (r["layer"].to_numpy(), r["mean"].to_numpy())
+                    for v, _, st in variants if len(r := layerwise_rank(st))}
+        bands = {v: (r["lo"].to_numpy(), r["hi"].to_numpy()) for v, _, st in variants if len(r := layerwise_rank(st))}
+        figs.append(save(line_figure(absolute, "layer", "effective rank (Roy–Vetterli, σ)",
+                                     f"effective attention rank per layer, {tt}", band=bands),
+                         out / f"erank_{tag}.png"))
+        ref = _reference([(v, g) for v, g, _ in variants])
+        if ref is None:
+            notes.append(f"{tt}: no 2D variant ran, so no rank difference is shown")
+            continue
+        ref_stats = next(st for v, _, st in variants if v == ref[0])
         series, band = {}, {}
-        for n in sorted(set(have["rotation_dim"]) - {2}):
-            other = _pick(have, n, theta)
-            if other is None:
+        for v, _, st in variants:
+            if v == ref[0]:
                 continue
-            d = rank_difference(load_stats(other["attention_path"]), ref)
-            label = f"{n}D {other['basis']} − 2D"
+            d = rank_difference(st, ref_stats)
+            label = f"{v} − {ref[0]}"
             series[label] = (d["layer"].to_numpy(), d["diff"].to_numpy())
             band[label] = (d["lo"].to_numpy(), d["hi"].to_numpy())
-            notes.append(f"θ={theta:g}, {label}: mean Δerank over layers {d['diff'].mean():+.3f}")
+            significant = ((d["lo"] > 0) | (d["hi"] < 0)).sum()
+            notes.append(f"{tt}, {label}: mean Δerank over layers {d['diff'].mean():+.3f}; the 95% CI excludes 0 "
+                         f"in {significant} of {len(d)} layers")
         if series:
-            fig = line_figure(series, "layer", "Δ effective rank (Roy–Vetterli, σ)",
-                              f"effective rank difference, θ={theta:g}", band=band, hline=0.0)
-            figs.append(save(fig, out / f"erank_diff_theta{theta:g}.png"))
+            figs.append(save(line_figure(series, "layer", "Δ effective rank (Roy–Vetterli, σ)",
+                                         f"effective rank difference, {tt}", band=band, hline=0.0),
+                             out / f"erank_diff_{tag}.png"))
     return figs, notes
 
 
 def _fourier_section(cells: pd.DataFrame, out: Path, head_dim: int) -> list[Path]:
     have = cells[cells["profile_path"].map(lambda p: p.is_file())]
-    if have.empty:
-        return []
-    theta = sorted(have["theta"].unique())[0]
-    chosen = [c for n in sorted(have["rotation_dim"].unique()) if (c := _pick(have, n, theta)) is not None]
-    profiles = {f"{int(c['rotation_dim'])}D {c['basis']}": load_profiles(c["profile_path"]) for c in chosen}
-    n_layers = int(max(p["layer"].max() for p in profiles.values())) + 1
-    layers = sorted({round(x) for x in np.linspace(0, n_layers - 1, min(5, n_layers))})
     figs = []
-    for layer in layers:
-        series, band_series = {}, {}
-        for label, prof in profiles.items():
-            stack = np.stack(prof.loc[prof["layer"] == layer, "logit_mean"].to_list())
-            freqs, mag = fourier_magnitude(stack)
-            series[label] = (freqs[1:], mag.mean(0)[1:])
-            n = int(label.split("D")[0])
-            f = np.unique(pair_frequencies(head_dim, n, theta))
-            band_series[label] = (f, rope_band_magnitude(stack, f).mean(0))
-        figs.append(save(line_figure(series, "frequency (rad/token)", "|rFFT(hann·(ℓ−mean))| (logit units)",
-                                     f"Fourier attention magnitude, layer {layer}, θ={theta:g}", logy=True),
-                         out / f"fourier_layer{layer}.png"))
-        figs.append(save(line_figure(band_series, "block frequency θ_j (rad/token)", "|NUDFT| (logit units)",
-                                     f"RoPE-band magnitude, layer {layer}, θ={theta:g}", logx=True, logy=True),
-                         out / f"rope_band_layer{layer}.png"))
+    for tt, group in _by_theta(have):
+        profiles = {v: pd.concat([load_profiles(p) for p in g["profile_path"]], ignore_index=True)
+                    for v, g in _variants(group)}
+        if not profiles:
+            continue
+        firsts = {v: g.iloc[0] for v, g in _variants(group)}
+        n_layers = int(max(p["layer"].max() for p in profiles.values())) + 1
+        layers = sorted({round(x) for x in np.linspace(0, n_layers - 1, min(3, n_layers))})
+        bands = {v: np.unique(pair_frequencies(head_dim, int(c["rotation_dim"]), float(c["theta"])))
+                 for v, c in firsts.items() if int(c["rotation_dim"]) >= 2 and np.isfinite(c["theta"])}
+        all_freqs = np.unique(np.concatenate(list(bands.values()))) if bands else np.array([])
+        uniform, band = {}, {}
+        for layer in layers:
+            u_series, b_series = {}, {}
+            for v, prof in profiles.items():
+                stack = np.stack(prof.loc[prof["layer"] == layer, "logit_mean"].to_list())
+                freqs, mag = fourier_magnitude(stack)
+                u_series[v] = (freqs[1:], mag.mean(0)[1:])
+                f = bands.get(v, all_freqs)  # an encoding without frequencies is read at the others' θ_j
+                if len(f):
+                    b_series[v if v in bands else f"{v} (at the others' θ_j)"] = (f, rope_band_magnitude(stack, f)
+                                                                                   .mean(0))
+            uniform[f"layer {layer}"], band[f"layer {layer}"] = u_series, b_series
+        tag = tt.replace("θ=", "theta").replace(" ", "_")
+        figs.append(save(panel_figure(uniform, "frequency (rad/token)", "|rFFT(hann·(ℓ−mean))| (logit units)",
+                                      f"Fourier attention magnitude, {tt}", logy=True), out / f"fourier_{tag}.png"))
+        if any(band.values()):
+            figs.append(save(panel_figure(band, "block frequency θ_j (rad/token)", "|NUDFT| (logit units)",
+                                          f"RoPE-band magnitude, {tt}", logx=True, logy=True),
+                             out / f"rope_band_{tag}.png"))
     return figs
 
 
@@ -156,35 +222,46 @@ def build_report(sweep_dir: str | Path, tracking_uri: str | None = None) -> Path
     name = plan.get("name", sweep_dir.name)
     results = load_results(sweep_dir)
     cells = sweep_cells(sweep_dir)
+    if cells.empty:
+        raise UserError(f"{sweep_dir}: no cell finished; see `hdrope sweep status {name}`")
     out = sweep_dir / "report"
     out.mkdir(exist_ok=True)
+    variants = list(dict.fromkeys(cells.sort_values("variant_rank")["variant"]))
+    seed_axes = results.attrs.get("seed_axes", [])
     md = [f"# Sweep report: {name}", "",
           f"{len(results)} cells, {int((results['status'] == 'FINISHED').sum())} finished, "
-          f"{int(results['dedup_of'].notna().sum())} answered by an equivalent cell (dedup).", ""]
+          f"{int(results['dedup_of'].notna().sum())} answered by an equivalent cell (dedup). "
+          f"{len(variants)} variants: {', '.join(variants)}. Averaged over: "
+          f"{', '.join(seed_axes) or 'nothing (no seed axis)'}.", ""]
     figures: list[Path] = []
-    md += ["## Ablation table (mean ± 95% bootstrap half-CI over seeds)", ""]
-    for metric in METRICS:
-        if metric in results and results[metric].notna().any():
-            md += [f"### {metric}", "", _markdown(ablation_table(results, metric)), ""]
+    md += ["## Ablation tables (mean ± 95% bootstrap half-CI over seeds, n = seeds)", ""]
+    metrics = metric_columns(results)
+    for metric in metrics:
+        md += [f"### {metric}", "", _markdown(ablation_table(results, metric)), "", *_table_notes(cells, metric), ""]
     md += ["## Metric vs RoPE base θ", ""]
-    for metric in ("val_loss", "val_loss_x4", "passkey_acc"):
-        if metric in results and results[metric].notna().any() and (f := _metric_vs_theta(results, out, metric)):
+    shown = [m for m in ("val_loss", "val_loss_x4", "passkey_acc") if m in metrics]
+    for metric in shown:
+        if f := _metric_vs_theta(cells, out, metric):
             figures.append(f)
             md.append(f"![{metric} vs theta]({f.name})")
+    if not any(f.name.endswith("_vs_theta.png") for f in figures):
+        md.append("_θ takes fewer than two values in this sweep: no metric-vs-θ figure._")
     md.append("")
     try:
         pk = load_passkey(sweep_dir)
         md += ["## Passkey retrieval: polar fans (radius = context length, angle = key depth)", ""]
-        for n, g in pk.groupby("rotation_dim"):
-            f = save(polar_fan(g, f"{n}D: passkey accuracy"), out / f"passkey_fan_{n}d.png")
+        for (variant, _), g in pk.sort_values("variant_rank").groupby(["variant", "variant_rank"], sort=False):
+            slug = "".join(ch if ch.isalnum() else "_" for ch in variant)
+            f = save(polar_fan(g, f"{variant}: passkey accuracy"), out / f"passkey_fan_{slug}.png")
             figures.append(f)
-            md.append(f"![passkey {n}D]({f.name})")
+            md.append(f"![passkey {variant}]({f.name})")
         md.append("")
     except UserError as err:
         md += [f"_No passkey tables: {err}_", ""]
     rank_figs, notes = _rank_section(cells, out)
     if rank_figs:
-        md += ["## Effective-rank difference per layer (vs 2D RoPE, 95% CI)", "", *[f"- {n}" for n in notes], ""]
+        md += ["## Effective attention rank per layer (and its difference to the 2D variant, 95% CI)", "",
+               *[f"- {n}" for n in notes], ""]
         md += [f"![{f.stem}]({f.name})" for f in rank_figs] + [""]
         figures += rank_figs
     fourier_figs = _fourier_section(cells, out, _head_dim(plan))
@@ -206,7 +283,9 @@ def build_report(sweep_dir: str | Path, tracking_uri: str | None = None) -> Path
     if plan.get("spec"):
         from omegaconf import OmegaConf
 
-        spec_uri = OmegaConf.create(plan["spec"]).get("tracking_uri") or None
+        spec_uri = OmegaConf.to_container(OmegaConf.create(plan["spec"]), resolve=False).get("tracking_uri") or None
+        if spec_uri and "${" in spec_uri:  # stored data, never resolved
+            spec_uri = None
     _log_to_mlflow(sweep_dir, name, [report, *figures], tracking_uri or spec_uri)
     return report
 

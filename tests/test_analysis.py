@@ -114,10 +114,15 @@ def test_report_from_a_sweep_writes_markdown_and_real_pngs(tiny_sweep):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     md = (tiny_sweep / "report" / "report.md").read_text()
-    assert "## Ablation table" in md and "| 2D RoPE |" in md and "± " in md  # 2 seeds -> CIs
-    assert "polar fans" in md and "Effective-rank difference" in md and "Fourier" in md
+    assert "## Ablation tables" in md and "| 2D RoPE |" in md and "± " in md and "(n=2)" in md  # 2 seeds -> CIs
+    assert "polar fans" in md and "Effective attention rank" in md and "Fourier" in md
+    # every variant that trained is in every section: tables, fans, rank differences (identity included)
+    for variant in ("2D RoPE", "4D identity", "4D Paley"):
+        assert f"| {variant} |" in md and f"![passkey {variant}]" in md
+    assert "4D identity − 2D RoPE" in md and "4D Paley − 2D RoPE" in md
+    assert "θ takes fewer than two values" in md  # a one-θ sweep draws no metric-vs-θ dots
     pngs = sorted((tiny_sweep / "report").glob("*.png"))
-    assert len(pngs) >= 6
+    assert len(pngs) >= 7
     for png in pngs:
         img = np.asarray(Image.open(png).convert("L"), dtype=float)
         assert img.shape[0] > 200 and img.std() > 5  # decodes and is not blank
@@ -159,6 +164,8 @@ def test_notebooks_run_top_to_bottom_on_a_sweep(tiny_sweep, name):
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     assert any(o.output_type in ("execute_result", "display_data", "stream") for o in outputs)
+    if name != "c_results_and_tables":  # the figure notebooks render inline PNGs (no forced Agg backend)
+        assert any("image/png" in o.get("data", {}) for o in outputs), "no figure rendered inline"
 
 
 def test_report_is_logged_to_the_sweeps_mlflow_parent_run(tiny_sweep, tmp_path):

@@ -1,0 +1,66 @@
+"""Variants: the cells of a sweep grouped by every axis except the seeds (what a report averages over).
+
+A variant is the encoding label (`pe_label`, from `trainer.position.encoding_identity`) plus the
+value of every other axis that is not a seed, not θ (θ is a table column and an x axis) and not
+already said by the label (kind, rotation dim, basis). Names are built from values and never parsed
+back; order comes from the identity columns. The axes and seed axes are read from the metadata
+that `hdrope sweep results` writes into results.parquet.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["LABEL_KEYS", "THETA_KEY", "theta_text", "trained", "variant_axes", "with_variants"]
+
+LABEL_KEYS = ("model.pe.kind", "model.pe.rotation_dim", "model.pe.basis")  # what pe_label already says
+THETA_KEY = "model.pe.theta"
+
+
+def variant_axes(results: pd.DataFrame) -> list[str]:
+    """The axis columns that split variants: every axis but seeds, θ and the keys the label already says."""
+    axes = results.attrs.get("axes", [])
+    seeds = set(results.attrs.get("seed_axes", []))
+    return [k for k in axes if k not in seeds and k != THETA_KEY and k not in LABEL_KEYS and k in results]
+
+
+def _short(key: str, value: object) -> str:
+    text = str(value)
+    try:
+        parsed = json.loads(text)
+    except (TypeError, ValueError):
+        parsed = None
+    if isinstance(parsed, dict):
+        text = " ".join(f"{k}={v}" for k, v in parsed.items())
+    return f"{key.rsplit('.', 1)[-1]}={text}"
+
+
+def with_variants(results: pd.DataFrame) -> pd.DataFrame:
+    """results plus `variant` (display name) and `variant_rank` (a stable order from the identity columns)."""
+    df = results.copy()
+    axes = variant_axes(results)
+    df["variant"] = [
+        ", ".join([str(r["pe_label"]), *(_short(k, r[k]) for k in axes)]) for _, r in df.iterrows()
+    ] if len(df) else []
+    keys = df[["rotation_dim", "basis", "pe_kind", *axes, "variant"]].astype(str) if len(df) else df
+    order = sorted({tuple(row) for row in keys.itertuples(index=False)},
+                   key=lambda t: (int(t[0]) if t[0].lstrip("-").isdigit() else 0, *t[1:]))
+    rank = {t[-1]: i for i, t in enumerate(order)}
+    df["variant_rank"] = df["variant"].map(rank) if len(df) else []
+    df.attrs = dict(results.attrs)
+    return df
+
+
+def trained(results: pd.DataFrame) -> pd.DataFrame:
+    """Finished cells that trained themselves (dedup copies dropped), with their variants."""
+    df = results[(results["status"] == "FINISHED") & results["dedup_of"].isna()]
+    df.attrs = dict(results.attrs)
+    return with_variants(df)
+
+
+def theta_text(theta: float | None) -> str:
+    """'θ=1e+04' for a base, 'no θ' for encodings without one (NoPE)."""
+    return "no θ" if theta is None or not np.isfinite(theta) else f"θ={theta:g}"
