@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from hdrope.errors import UserError
 from sweeps.spec import SpecError, SweepSpec, check_name
@@ -99,12 +99,16 @@ def _layer(items: dict[str, Any]):
     return layer
 
 
-def cell_config(spec: SweepSpec, values: dict[str, Any], name: str, out_dir: Path) -> RunConfig:
-    """The full RunConfig of one cell: base preset, spec overrides, the cell's axis values, sweep wiring."""
+def cell_config(spec: SweepSpec, values: dict[str, Any], name: str, out_dir: Path,
+                base: DictConfig | None = None) -> RunConfig:
+    """The full RunConfig of one cell: base preset, spec overrides, the cell's axis values, sweep wiring.
+
+    `base` is the preset's layer when the caller already loaded it (a plan loads it once for all cells)."""
     wiring: dict[str, Any] = {"name": name, "train.out_dir": str(out_dir)}
     if spec.checkpoint_every:
         wiring["train.ckpt_every"] = spec.checkpoint_every
-    layers = [preset_layer(spec.base), _layer(spec.overrides), _layer(values), _layer(wiring)]
+    layers = [base if base is not None else preset_layer(spec.base), _layer(spec.overrides), _layer(values),
+              _layer(wiring)]
     cfg = merge_config(layers, where=f"cell {name}")
     if metric_driven(spec) and spec.search.metric in ("val_loss", "val_bpb"):
         cfg.train.eval_every = cfg.train.log_every  # the searcher/scheduler sees the metric in every report
@@ -192,8 +196,9 @@ def _numbers(spec: SweepSpec) -> list[tuple[str, float]]:
 def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
     """Resolve and validate every cell; SpecError lists every problem with its cell, key, value and fix."""
     problems = _check_spec(spec)
+    base = None
     try:
-        preset_layer(spec.base)
+        base = preset_layer(spec.base)
     except UserError as err:
         problems.append(f"base: {err}")
     if problems:
@@ -208,7 +213,7 @@ def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
         cell_id = cell_id[:100]
         where = f"cell {cell_id} ({', '.join(f'{k}={v!r}' for k, v in values.items()) or 'no axes'})"
         try:
-            cfg = cell_config(spec, values, cell_id, root / "cells" / cell_id)
+            cfg = cell_config(spec, values, cell_id, root / "cells" / cell_id, base)
         except ValueError as err:
             problems.append(f"{where}: {str(err).split(': ', 1)[-1]}")
             continue
@@ -225,7 +230,7 @@ def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
             for value in (list(dim.choices) if dim.type == "categorical" else [dim.low, dim.high]):
                 value = int(value) if dim.type == "int" else value
                 try:
-                    errs = config_errors(cell_config(spec, {key: value}, "probe", root / "cells" / "probe"))
+                    errs = config_errors(cell_config(spec, {key: value}, "probe", root / "cells" / "probe", base))
                 except ValueError as err:
                     errs = [str(err).split(": ", 1)[-1]]
                 problems.extend(f"search.space.{key}={value!r}: {e}" for e in errs)

@@ -1,5 +1,7 @@
 """Sweep specs: planning, dedup and 20+ malformed specs rejected before Ray starts (exit code 2, field named)."""
 
+import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -85,6 +87,25 @@ BAD = [
     ("name: x\nbase: tiny\noverrides: {dump.layers: [9]}", "dump.layers"),
     ("name: x\nbase: tiny\naxes: [1, 2]", "axes"),
     ("name: [x\nbase: tiny", "not valid YAML"),
+    # issue: trust -- bad numbers, names, grids and interpolations
+    ("name: x\nbase: tiny\noverrides: {optim.lr: .nan}", "optim.lr=nan: NaN and infinity are not allowed"),
+    ("name: x\nbase: tiny\noverrides: {optim.eps: .inf}", "optim.eps=inf"),
+    ("name: x\nbase: tiny\noverrides: {optim.weight_decay: -.inf}", "optim.weight_decay=-inf"),
+    ("name: x\nbase: tiny\noverrides: {optim.grad_clip: .nan}", "optim.grad_clip=nan"),
+    ("name: x\nbase: tiny\noverrides: {train.max_time_s: .inf}", "train.max_time_s=inf"),
+    ("name: x\nbase: tiny\noverrides: {eval.passkey.length_factors: [1.0, .nan]}", "eval.passkey.length_factors"),
+    ("name: x\nbase: tiny\nresources: {gpus: .nan}", "resources.gpus=nan: must be a finite number"),
+    ("name: x\nbase: tiny\nresources: {cpus: .inf}", "resources.cpus=inf"),
+    ("name: x\nbase: tiny\nsearch: {kind: optuna, space: {optim.lr: {low: 1e-4, high: .inf}}}",
+     "search.space.optim.lr.high=inf"),
+    ("name: x\nbase: tiny\naxes: {model.pe.rotation_dim: [0]}", "model.pe.rotation_dim=0: must be an even integer"),
+    ("name: x\nbase: tiny\naxes: {optim.lr: " + str([1e-3 + i * 1e-6 for i in range(200)]) + ", seed: "
+     + str(list(range(100))) + "}", "the grid has 20,000 cells"),
+    ('name: "x\\n"\nbase: tiny', "is not a plain name"),
+    ('name: x\nbase: tiny\ndescription: "${oc.env:HOME}"',
+     "description='${oc.env:HOME}' is an OmegaConf interpolation"),
+    ("name: x\nbase: tiny\noverrides: {data.paths: ['${oc.env:HOME}']}", "data.paths[0]"),
+    ("name: x\nbase: tiny\nsearch: {metric: val_loss_x16}", "search.metric='val_loss_x16' is not reported"),
 ]
 
 
@@ -133,5 +154,35 @@ SHIPPED += ["sweeps/quickstart.yaml", "sweeps/ablation.yaml", "sweeps/paper_grid
 
 @pytest.mark.parametrize("path", SHIPPED)
 def test_shipped_specs_validate(path):
+    from omegaconf import OmegaConf
+
+    from sweeps.plan import ALIASES
+
     plan = prepare(str(REPO / path))
-    assert plan.cells and all(c.config.train.seed >= 0 for c in plan.cells)
+    assert plan.cells and plan.to_run
+    for c in plan.cells:  # every cell carries exactly its axis values
+        structured = OmegaConf.structured(c.config)
+        assert {k: OmegaConf.select(structured, ALIASES.get(k, k)) for k in c.values} == c.values, c.cell_id
+
+
+def test_empty_spec_and_overrides_with_interpolations_exit_2(tmp_path, capsys, monkeypatch):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert main(["sweep", "plan", str(empty)]) == 2
+    assert "the spec is empty" in capsys.readouterr().err
+    monkeypatch.setenv("HDROPE_TEST_SECRET", "s3cr3t")
+    spec = write(tmp_path, GOOD)
+    assert main(["sweep", "plan", str(spec), "--set", "name=${oc.env:HDROPE_TEST_SECRET}"]) == 2
+    err = capsys.readouterr().err
+    assert "interpolation" in err and "s3cr3t" not in err
+    cmd = [sys.executable, "-m", "hdrope.console", "train", "tiny", "name=${oc.env:HDROPE_TEST_SECRET}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HDROPE_TEST_SECRET": "s3cr3t"})
+    assert out.returncode == 2 and "interpolation" in out.stderr and "s3cr3t" not in out.stderr + out.stdout
+    assert not (tmp_path / "store").exists()
+
+
+def test_extrapolation_metrics_are_valid_search_metrics_when_configured(tmp_path):
+    text = GOOD.replace("{{train.steps: 5}}", "{{train.steps: 5, eval.extrapolation: [2, 16]}}")
+    plan = prepare(str(write(tmp_path, text + "search: {{metric: val_loss_x16}}\n")))
+    assert plan.cells and plan.spec.search.metric == "val_loss_x16"

@@ -19,7 +19,7 @@ def train_main(argv: list[str]) -> int:
                    help="MLflow tracking URI (default $MLFLOW_TRACKING_URI; unset: no MLflow)")
     p.add_argument("--experiment", default="hdrope-train", help="MLflow experiment name")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # flags may come before, between or after the overrides
 
     from trainer.config import config_hash
     from trainer.loop import TrainingDiverged, train

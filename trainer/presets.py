@@ -8,6 +8,7 @@ as YAML scalars, never evaluated. Presets, specs and overrides are data: an Omeg
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -80,11 +81,17 @@ def refuse_interpolations(node: Any, where: str) -> None:
                         "and are never resolved (that could read environment variables): write the value itself")
 
 
+@functools.cache
+def _schema() -> DictConfig:
+    """The RunConfig schema as a structured DictConfig, built once (merging never mutates it)."""
+    return OmegaConf.structured(RunConfig)
+
+
 def merge_config(layers: list, where: str = "config") -> RunConfig:
     """Merge OmegaConf layers (dicts/DictConfigs) onto the RunConfig schema; UserError names the bad key."""
     for layer in layers:
         refuse_interpolations(layer, where)
-    schema = OmegaConf.structured(RunConfig)
+    schema = _schema()
     try:
         merged = OmegaConf.merge(schema, *layers)
         cfg = OmegaConf.to_object(merged)
