@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from hdrope.errors import UserError
 from sweeps.plan import cell_config, metric_driven, seed_axes
@@ -43,6 +43,17 @@ def plan_payload(plan) -> dict[str, Any]:
     }
 
 
+def _yaml(text: Any, where: str, fix: str) -> DictConfig:
+    """A YAML mapping stored in a plan; UserError when it is not one."""
+    try:
+        node = OmegaConf.create(text) if isinstance(text, str) else None
+    except Exception as err:  # yaml and OmegaConf raise many types for a damaged document
+        raise UserError(f"{where}: not a valid YAML mapping ({type(err).__name__}); {fix}") from None
+    if not isinstance(node, DictConfig):
+        raise UserError(f"{where}: not a YAML mapping; {fix}")
+    return node
+
+
 def read_payload(sweep_dir: Path) -> dict[str, Any]:
     """The plan stored in sweep_dir/plan.json, with every path taken from where sweep_dir is now.
 
@@ -58,11 +69,11 @@ def read_payload(sweep_dir: Path) -> dict[str, Any]:
     if not isinstance(payload, dict) or not isinstance(payload.get("cells"), dict) or "spec" not in payload:
         raise UserError(f"{path}: not a plan written by `hdrope sweep` (no cells/spec); {fix}")
     check_name(payload.get("name"), f"{path}: name")
-    refuse_interpolations(OmegaConf.create(payload["spec"]), f"{path}: spec")
+    refuse_interpolations(_yaml(payload["spec"], f"{path}: spec", fix), f"{path}: spec")
     payload["root"] = str(sweep_dir)
     for cell_id, cell in payload["cells"].items():
         check_name(cell_id, f"{path}: cell id")
-        cfg = OmegaConf.create(cell["config"])
+        cfg = _yaml(cell.get("config", ""), f"{path}: cell {cell_id}", fix)
         refuse_interpolations(cfg, f"{path}: cell {cell_id}")
         cfg.train.out_dir = str(sweep_dir / "cells" / cell_id)
         cell["config"] = OmegaConf.to_yaml(cfg)

@@ -79,7 +79,9 @@ def test_bench_rotary_small_run_reports_ratios(tmp_path):
     names = {r["name"] for r in data["rows"]}
     assert names == {"rope", "4D-paley"}
     rope = next(r for r in data["rows"] if r["name"] == "rope")
-    assert rope["fwd_vs_rope"] == 1.0 and data["floor_ms"] > 0
+    assert data["floor_ms"] > 0
+    for r in data["rows"]:  # every ratio is the row's own time over RoPE's, from the same run
+        assert r["fwd_vs_rope"] == pytest.approx(r["fwd_ms"] / rope["fwd_ms"], rel=1e-2)
 
 
 def test_import_trainer_pulls_in_no_ray_or_sweeps():
@@ -94,5 +96,7 @@ def test_bench_train_prints_side_by_side_ratios():
     res = json.loads(out)
     rows = {r["variant"]: r for r in res["rows"]}
     assert set(rows) == {"rope", "4D-paley", "4D-paley-fused", "hf-llama"}
-    assert rows["rope"]["vs_rope"] == 1.0 and rows["4D-paley"]["step_ms"] > 0
-    assert rows["hf-llama"]["vs_hf_tokens_per_s"] == 1.0 and 0 < rows["rope"]["mfu"] < 5
+    for r in rows.values():  # ratios are computed from the rows' own figures, side by side
+        assert r["vs_rope"] == pytest.approx(r["step_ms"] / rows["rope"]["step_ms"], rel=1e-2)
+        assert r["vs_hf_tokens_per_s"] == pytest.approx(r["tokens_per_s"] / rows["hf-llama"]["tokens_per_s"], rel=1e-2)
+    assert 0 < rows["rope"]["mfu"] < 5

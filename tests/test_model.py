@@ -4,7 +4,7 @@ import torch
 
 from hdrope import mixing_basis
 from trainer.model import Llama, ModelArgs
-from trainer.position import PEConfig
+from trainer.position import PEConfig, build_position_encoding
 from trainer.presets import available_presets, load_model_args
 
 
@@ -130,6 +130,12 @@ def test_bad_model_config_errors_name_the_field(preset, overrides, match):
         load_model_args(preset, overrides)
 
 
-def test_pe_config_defaults_are_the_papers():
-    pe = PEConfig()
-    assert (pe.kind, pe.rotation_dim, pe.basis) == ("hdrope", 4, "paley")
+def test_default_encoding_is_the_papers_algorithm_2():
+    from test_rotary import algorithm2  # the paper's Algorithm 2 as printed
+
+    enc = build_position_encoding(PEConfig(), 64)  # what a run gets when it says nothing
+    q, k = torch.randn(2, 2, 16, 64, dtype=torch.float64), torch.randn(2, 2, 16, 64, dtype=torch.float64)
+    positions = torch.arange(16)
+    rq, rk = enc.rotate(q, k, enc.tables(positions, torch.float64))
+    torch.testing.assert_close(rq, algorithm2(q, positions, PEConfig().theta))
+    torch.testing.assert_close(rk, algorithm2(k, positions, PEConfig().theta))
