@@ -56,7 +56,7 @@ def test_mlflow_holds_each_cells_own_final_numbers(tmp_path, cache_dir):
             assert run.data.metrics[metric] == pytest.approx(row[metric], rel=1e-9), (cell_id, metric)
         history = client.get_metric_history(run.info.run_id, "val_loss")
         assert sorted(m.step for m in history) == [10, 20], cell_id  # each evaluation once, at its own step
-        trained = root / "cells" / (row["dedup_of"] or cell_id)
+        trained = root / "cells" / row["trained_cell"]
         records = [json.loads(line) for line in (trained / "metrics.jsonl").open()]
         assert {m.step: m.value for m in history} == pytest.approx({r["step"]: r["val_loss"] for r in records
                                                                     if "val_loss" in r})
