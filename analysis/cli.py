@@ -12,6 +12,17 @@ from hdrope.errors import UserError
 __all__ = ["report_main", "theory_main"]
 
 
+def _check_theory_lengths(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """UserError naming the flag when --head-dim, --train-len or --max-distance is not a usable length."""
+    for dest, unit in (("head_dim", "dims"), ("train_len", "tokens"), ("max_distance", "tokens")):
+        value = getattr(a, dest)
+        if value < 1:
+            flag = "--" + dest.replace("_", "-")
+            raise UserError(f"{flag} {value}: must be a positive number of {unit} (default {p.get_default(dest)})")
+    if a.head_dim % 2:
+        raise UserError(f"--head-dim {a.head_dim}: must be even (rotary dims come in pairs), e.g. 64")
+
+
 def theory_main(argv: list[str]) -> int:
     """Theory curves for rotation dims × θ: decay bound, B(Δ), wavelengths, K mixing; PNGs and CSVs in --out."""
     p = argparse.ArgumentParser(prog="hdrope theory", description=theory_main.__doc__)
@@ -22,6 +33,7 @@ def theory_main(argv: list[str]) -> int:
     p.add_argument("--max-distance", type=int, default=4096)
     p.add_argument("--out", required=True, help="output directory")
     a = p.parse_args(argv)
+    _check_theory_lengths(p, a)
     for n in a.rotation_dim:
         if n < 2 or n % 2 or a.head_dim % n:
             raise UserError(f"--rotation-dim {n}: must be even and divide --head-dim {a.head_dim}")

@@ -8,6 +8,11 @@ linspace over [1, s−1]. One JSONL per (x, y) under a directory named by U; the
 y, their token contributions x·|τ(F)| and y·|τ(F)|, and the realised T. The whole plan, budgets
 included, is computed before anything is written, from a conservative bytes-per-line estimate made
 with the longest passkey, so a dry run's plan is the written plan and no budget is ever exceeded.
+
+Settings whose estimated work or memory is absurd (a passkey range, question length, bucket count or
+file count far past the paper's) are refused before anything large is allocated. The output
+directory must be new, empty, or hold only what an earlier build wrote; that is replaced, so stale
+buckets never mix into a new dataset, and anything else there is refused, never deleted.
 """
 
 from __future__ import annotations
@@ -15,7 +20,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
+import shutil
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +35,17 @@ from trainer.cache import cache_root
 from trainer.config import PasskeyFormat
 from trainer.tokenizer import Tokenizer
 
-__all__ = ["BuildConfig", "PlannedFile", "build_dataset", "passkey_pool", "plan_dataset"]
+__all__ = ["FILE_NAME", "BuildConfig", "PlannedFile", "build_dataset", "passkey_pool", "plan_dataset", "validate"]
+
+FILE_NAME = re.compile(r"^x(\d+)_y(\d+)_xt\d+_yt\d+_T(\d+)\.jsonl$")  # PlannedFile.name: groups x, y, T
+_OWNED_FILES = ("dataset_meta.json", "summary.json")  # written beside the bucket directories
+
+# Sanity bounds, each far past the paper's settings, checked before anything large is allocated.
+MAX_PASSKEY_RANGE = 10_000_000  # integers scanned into the passkey pool
+MAX_LEN_TOKENS = 2**20  # longest question
+MAX_BUCKETS = 10_000
+MAX_PLANNED_FILES = 1_000_000  # buckets × targets × depth steps
+_POOL_BYTES_PER_INT = 36  # a Python int and its list slot
 
 
 @dataclass
@@ -67,7 +86,7 @@ class PlannedFile:
 
 
 def validate(cfg: BuildConfig) -> None:
-    """ValueError naming the option for impossible settings."""
+    """UserError naming the option for impossible or absurdly large settings."""
     if cfg.v_min > cfg.v_max:
         raise UserError(f"--v-min {cfg.v_min} > --v-max {cfg.v_max}: the passkey range is empty")
     if cfg.v_min < 0:
@@ -76,11 +95,41 @@ def validate(cfg: BuildConfig) -> None:
         raise UserError(f"--budget {cfg.budget_bytes}: the byte budget must be positive (default 1 GiB)")
     if cfg.form not in ("space", "both", "nospace"):
         raise UserError(f"--form {cfg.form!r}: choose space, both or nospace")
-    for name in ("bucket_width", "targets", "depth_steps", "lines_per_file"):
+    for name in ("bucket_width", "targets", "depth_steps", "lines_per_file", "stride_from"):
         if getattr(cfg, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be >= 1")
     if cfg.max_len <= cfg.min_len:
         raise UserError(f"--max-len {cfg.max_len} must exceed --min-len {cfg.min_len}")
+    _check_size(cfg)
+
+
+def _check_size(cfg: BuildConfig) -> None:
+    """UserError naming the flag, its estimated cost and a sane bound when the build would be absurdly large."""
+    n_values = cfg.v_max - cfg.v_min + 1
+    if n_values > MAX_PASSKEY_RANGE:
+        raise UserError(
+            f"--v-max {cfg.v_max}: the range [--v-min {cfg.v_min}, --v-max] holds {n_values:.3g} integers, each "
+            f"tokenized into the passkey pool (up to {n_values * _POOL_BYTES_PER_INT / 1e9:.3g} GB as a list); keep "
+            f"--v-max - --v-min below {MAX_PASSKEY_RANGE:,} (default --v-max 50000)"
+        )
+    if cfg.max_len > MAX_LEN_TOKENS:
+        raise UserError(
+            f"--max-len {cfg.max_len}: questions of up to {cfg.max_len:.3g} tokens, at least {cfg.max_len / 1e9:.3g} "
+            f"GB of text per line; keep --max-len <= {MAX_LEN_TOKENS:,} tokens"
+        )
+    n_buckets = sum(1 for _ in islice(_iter_buckets(cfg), MAX_BUCKETS + 1))
+    if n_buckets > MAX_BUCKETS:
+        raise UserError(
+            f"--bucket-width {cfg.bucket_width}: ({cfg.min_len}, {cfg.max_len}] splits into more than {MAX_BUCKETS:,} "
+            "buckets; widen --bucket-width, add --adaptive-stride or lower --max-len"
+        )
+    n_files = n_buckets * cfg.targets * cfg.depth_steps
+    if n_files > MAX_PLANNED_FILES:
+        raise UserError(
+            f"--targets {cfg.targets} × --depth-steps {cfg.depth_steps} over {n_buckets} bucket(s): up to "
+            f"{n_files:.3g} files to plan, each tokenizing a question of up to {cfg.max_len} tokens; keep the "
+            f"product below {MAX_PLANNED_FILES:,} (defaults: --targets 3, --depth-steps 10)"
+        )
 
 
 def _question(fmt: PasskeyFormat, x: int, y: int, passkey: int | str) -> str:
@@ -118,16 +167,21 @@ def passkey_pool(tok: Tokenizer, cfg: BuildConfig, cache_dir: str = "") -> list[
     return pool
 
 
-def _buckets(cfg: BuildConfig) -> list[tuple[int, int]]:
-    out, low, width = [], cfg.min_len, cfg.bucket_width
+def _iter_buckets(cfg: BuildConfig) -> Iterator[tuple[int, int]]:
+    """The buckets (L, U] from --min-len to --max-len, lazily."""
+    low, width = cfg.min_len, cfg.bucket_width
     while low < cfg.max_len:
         if cfg.adaptive_stride:  # double the width at stride_from, 2·stride_from, 4·stride_from, …
             doublings = math.floor(math.log2(low / cfg.stride_from)) + 1 if low >= cfg.stride_from else 0
             width = cfg.bucket_width * 2**doublings
         high = min(low + width, cfg.max_len)
-        out.append((low, high))
+        yield low, high
         low = high
-    return out
+
+
+def _buckets(cfg: BuildConfig) -> list[tuple[int, int]]:
+    """The buckets (L, U] from --min-len to --max-len."""
+    return list(_iter_buckets(cfg))
 
 
 def _scaled(count: int, u: int, u0: int) -> int:
@@ -138,7 +192,7 @@ def _scaled(count: int, u: int, u0: int) -> int:
 def _feasible_sums(tok: Tokenizer, cfg: BuildConfig, low: int, high: int, probe: int, f_tokens: int) -> list[int]:
     base = len(tok.encode(_question(cfg.fmt, 0, 0, probe)))
     found: list[int] = []
-    n_targets = _scaled(cfg.targets, high, _buckets(cfg)[0][1])
+    n_targets = _scaled(cfg.targets, high, next(_iter_buckets(cfg))[1])
     for i in range(n_targets):
         target = low + (high - low) * (i + 1) / (n_targets + 1)
         s = max(2, round((target - base) / f_tokens))
@@ -203,16 +257,61 @@ def plan_dataset(tok: Tokenizer, cfg: BuildConfig, pool: list[int]) -> tuple[lis
                    "filler_tokens": f_tokens, "probe_passkey": probe, "estimated_bytes": used_total}
 
 
+def _is_ours(path: Path) -> bool:
+    """Whether path is a file or bucket directory that an earlier build wrote."""
+    if path.is_symlink():
+        return False
+    if path.is_file():
+        return path.name in _OWNED_FILES
+    return path.is_dir() and path.name.isdigit() and all(
+        f.is_file() and not f.is_symlink() and FILE_NAME.match(f.name) for f in path.iterdir()
+    )
+
+
+def _stale_outputs(out: Path) -> list[Path]:
+    """What an earlier build left in --out, to be replaced; UserError if out is a file or holds anything else."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: is a file, not a directory; pass a new directory for the dataset")
+    if not out.is_dir():
+        return []
+    entries = sorted(out.iterdir())
+    foreign = [p.name for p in entries if not _is_ours(p)]
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise UserError(
+            f"--out {out}: holds {foreign[0]!r}{more}, which `hdrope passkey build` did not write; pass a new or "
+            "empty directory (or move those files away)"
+        )
+    return entries
+
+
+def _make_out(out: Path, stale: list[Path]) -> None:
+    """Create --out and remove an earlier build's outputs from it."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"--out {out}: cannot create the directory ({err.strerror}); pass a writable path") from None
+    for path in stale:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
 def build_dataset(tok: Tokenizer, cfg: BuildConfig, out: Path, dry_run: bool = False, summary: bool = True,
                   cache_dir: str = "") -> dict[str, Any]:
-    """Plan, then (unless dry_run) write the JSONL files; always write dataset_meta.json. Returns the summary."""
+    """Plan, then (unless dry_run) write the JSONL files; always write dataset_meta.json. Returns the summary.
+
+    An earlier build's outputs in `out` are replaced (also on a dry run); anything else there is refused.
+    """
     validate(cfg)
+    stale = _stale_outputs(out)
     pool = passkey_pool(tok, cfg, cache_dir)
     files, info = plan_dataset(tok, cfg, pool)
     rng = np.random.default_rng(cfg.seed)
     digits = len(str(info["probe_passkey"]))
     candidates = [v for v in pool if len(str(v)) == digits] if cfg.multi_token else pool
-    out.mkdir(parents=True, exist_ok=True)
+    _make_out(out, stale)
     per_bucket: dict[str, dict[str, int]] = {}
     written_total = 0
     for pf in files:

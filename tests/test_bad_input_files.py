@@ -1,0 +1,201 @@
+"""Bad flags and tampered files through the real `hdrope` console: exit 2, one clear line, no traceback.
+
+Each row of CASES is (id, setup, argv, expected): setup writes the bad input under a test's working
+directory, which holds its own copy of a tiny trained run (`run/`) and a tiny passkey dataset
+(`ds/`), both made once per module; argv and expected may name `{tmp}`, `{ckpt}` and `{ds}`.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from hdrope.errors import UserError
+from trainer.cache import sha256_file
+from trainer.passkey.builder import BuildConfig, build_dataset
+from trainer.tokenizer import ByteTokenizer
+
+Setup = Callable[[Path], None]
+CKPT = "run/checkpoints/step_00000002"
+DATASET = dict(form="nospace", v_min=1, v_max=9, max_len=512, targets=1, depth_steps=2, lines_per_file=1)
+BUILD = ["passkey", "build", "--tokenizer", "bytes", "--form", "nospace", "--v-max", "9", "--min-len", "256",
+         "--max-len", "512", "--out", "{tmp}/out"]
+EVAL = ["passkey", "eval", "{ckpt}", "{ds}", "--no-progress"]
+THEORY = ["theory", "--out", "{tmp}/theory"]
+DELETE_CKPT = "delete this checkpoint directory to resume from the previous one"
+
+
+def nothing(tmp: Path) -> None:
+    """No file to spoil: the flags are the bad input."""
+
+
+def write(rel: str, data: str | bytes) -> Setup:
+    """Overwrite (or create) tmp/rel with data."""
+
+    def setup(tmp: Path) -> None:
+        path = tmp / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data.encode() if isinstance(data, str) else data)
+
+    return setup
+
+
+def append_line(text: str) -> Setup:
+    """Add a line to the dataset's JSONL file (its line 2)."""
+
+    def setup(tmp: Path) -> None:
+        (jsonl,) = (tmp / "ds").glob("*/*.jsonl")
+        with jsonl.open("a") as f:
+            f.write(text + "\n")
+
+    return setup
+
+
+def tampered(rel: str, data: str | bytes) -> Setup:
+    """Overwrite a checkpoint file and recompute the manifest, so only reading the file can catch it."""
+
+    def setup(tmp: Path) -> None:
+        write(f"{CKPT}/{rel}", data)(tmp)
+        manifest = tmp / CKPT / "manifest.json"
+        names = json.loads(manifest.read_text())
+        manifest.write_text(json.dumps({name: sha256_file(tmp / CKPT / name) for name in names}))
+
+    return setup
+
+
+def torch_saved(obj: object) -> bytes:
+    """obj as the bytes of a torch.save file."""
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+CASES = [
+    # hdrope passkey build
+    ("build-out-is-a-file", write("out", "x"), BUILD, "--out {tmp}/out: is a file, not a directory"),
+    ("build-out-holds-foreign-files", write("out/notes.txt", "mine"), BUILD,
+     "--out {tmp}/out: holds 'notes.txt', which `hdrope passkey build` did not write; pass a new or empty directory"),
+    ("build-max-len-absurd", nothing, [*BUILD, "--max-len", str(10**12)],
+     "--max-len 1000000000000: questions of up to 1e+12 tokens, at least 1e+03 GB of text per line; keep --max-len <="),
+    ("build-v-max-absurd", nothing, [*BUILD, "--v-max", str(10**15)],
+     "--v-max 1000000000000000: the range [--v-min 1, --v-max] holds 1e+15 integers"),
+    ("build-targets-absurd", nothing, [*BUILD, "--targets", str(10**9)],
+     "--targets 1000000000 × --depth-steps 10 over 1 bucket(s): up to 1e+10 files to plan"),
+    ("build-stride-from-zero", nothing, [*BUILD, "--stride-from", "0", "--adaptive-stride"],
+     "--stride-from 0: must be >= 1"),
+    # hdrope passkey eval: the dataset and --out
+    ("eval-jsonl-line-not-json", append_line("not json"), EVAL, ".jsonl:2: not JSON (Expecting value"),
+    ("eval-jsonl-line-without-answer", append_line('{"question": "q"}'), EVAL,
+     """.jsonl:2: no 'answer' string in '{"question": "q"}'"""),
+    ("eval-meta-garbage", write("ds/dataset_meta.json", "garbage"), EVAL,
+     "{ds}/dataset_meta.json: not valid JSON (Expecting value: line 1 column 1 (char 0)); rebuild the dataset"),
+    ("eval-meta-empty-object", write("ds/dataset_meta.json", "{}"), EVAL,
+     "{ds}/dataset_meta.json: no 'tokenizer' string in '{}'; rebuild the dataset"),
+    ("eval-out-in-missing-dir", nothing, [*EVAL, "--out", "{tmp}/missing/acc.parquet"],
+     "--out {tmp}/missing/acc.parquet: directory {tmp}/missing does not exist"),
+    # tampered checkpoints, read by hdrope passkey eval
+    ("ckpt-trainer-state-garbage", tampered("trainer_state.pt", "garbage"), EVAL,
+     f"{{ckpt}}: trainer_state.pt is unreadable (not a weights-only torch.save file); {DELETE_CKPT}"),
+    ("ckpt-trainer-state-not-weights-only", tampered("trainer_state.pt", torch_saved({"rng": Path("x")})), EVAL,
+     f"{{ckpt}}: trainer_state.pt is unreadable (not a weights-only torch.save file); {DELETE_CKPT}"),
+    ("ckpt-state-json-empty-object", tampered("state.json", "{}"), EVAL,
+     f"{{ckpt}}: state.json is unreadable (missing or malformed step, python_rng, numpy_rng); {DELETE_CKPT}"),
+    ("ckpt-state-json-garbage", tampered("state.json", "garbage"), EVAL,
+     f"{{ckpt}}: state.json is unreadable (not JSON: Expecting value: line 1 column 1 (char 0)); {DELETE_CKPT}"),
+    # hdrope theory
+    ("theory-train-len-negative", nothing, [*THEORY, "--train-len", "-5"], "--train-len -5: must be a positive number"),
+    ("theory-max-distance-zero", nothing, [*THEORY, "--max-distance", "0"], "--max-distance 0: must be a positive"),
+    ("theory-head-dim-zero", nothing, [*THEORY, "--head-dim", "0"], "--head-dim 0: must be a positive number"),
+    ("theory-head-dim-odd", nothing, [*THEORY, "--head-dim", "63", "--rotation-dim", "2"],
+     "--head-dim 63: must be even"),
+]
+
+
+@pytest.fixture(scope="module")
+def originals(cache_dir, tmp_path_factory) -> Path:
+    """A tiny run trained for 2 steps (`run/`) and a one-file passkey dataset (`ds/`), made once."""
+    from trainer.loop import train
+    from trainer.presets import load_config
+
+    root = tmp_path_factory.mktemp("originals")
+    run = train(load_config("tiny", [f"data.cache_dir={cache_dir}", f"train.out_dir={root / 'run'}", "train.steps=2",
+                                     "eval.passkey.enabled=false", "eval.extrapolation_batches=0"]))
+    assert run.checkpoint == root / CKPT
+    build_dataset(ByteTokenizer(), BuildConfig(**DATASET), root / "ds", cache_dir=cache_dir)
+    return root
+
+
+@pytest.fixture
+def work(originals, tmp_path) -> Path:
+    """This test's own copy of the run and the dataset, free to spoil."""
+    for name in ("run", "ds"):
+        shutil.copytree(originals / name, tmp_path / name)
+    return tmp_path
+
+
+def test_the_untouched_copies_evaluate(work):
+    """The baseline every eval row spoils: exit 0."""
+    out = hdrope(EVAL, work)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("setup,argv,expected", [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+def test_bad_input_exits_2_with_one_clear_line(work, setup, argv, expected):
+    setup(work)
+    out = hdrope(argv, work)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr[-2000:]
+    assert fill(expected, work) in out.stderr
+
+
+IN_PROCESS = [  # more checkpoint spoilers, through load_checkpoint itself (no interpreter start each)
+    ("trainer-state-empty-dict", tampered("trainer_state.pt", torch_saved({})), "no RNG state of this trainer"),
+    ("trainer-state-cut-short", tampered("trainer_state.pt", b""), "empty or cut short"),
+    ("state-json-a-list", tampered("state.json", "[1]"), "not a JSON object: '[1]'"),
+    ("manifest-a-list", write(f"{CKPT}/manifest.json", "[]"), "manifest.json is corrupt"),
+]
+
+
+@pytest.mark.parametrize("setup,expected", [case[1:] for case in IN_PROCESS], ids=[case[0] for case in IN_PROCESS])
+def test_spoiled_checkpoint_is_a_user_error(work, setup, expected):
+    from trainer.checkpoint import load_checkpoint
+    from trainer.model import Llama
+    from trainer.presets import load_config
+
+    setup(work)
+    with pytest.raises(UserError) as err:
+        load_checkpoint(work / CKPT, Llama(load_config("tiny").model))
+    assert expected in str(err.value) and str(err.value).endswith(DELETE_CKPT)
+
+
+def test_rebuild_replaces_its_own_outputs_and_refuses_anything_else(tmp_path, cache_dir):
+    out = tmp_path / "ds"
+    build_dataset(ByteTokenizer(), BuildConfig(**{**DATASET, "max_len": 768}), out, cache_dir=cache_dir)
+    assert {p.name for p in out.iterdir()} == {"512", "768", "dataset_meta.json", "summary.json"}
+    build_dataset(ByteTokenizer(), BuildConfig(**DATASET), out, summary=False, cache_dir=cache_dir)
+    assert {p.name for p in out.iterdir()} == {"512", "dataset_meta.json"}  # no stale bucket, no stale summary
+    (out / "eval_0.parquet").write_text("results")
+    with pytest.raises(UserError, match=r"holds 'eval_0\.parquet'"):
+        build_dataset(ByteTokenizer(), BuildConfig(**DATASET), out, dry_run=True, cache_dir=cache_dir)
+    assert {p.name for p in out.iterdir()} == {"512", "dataset_meta.json", "eval_0.parquet"}  # nothing deleted
+
+
+def fill(text: str, work: Path) -> str:
+    """text with {tmp}, {ckpt} and {ds} replaced by this test's paths."""
+    for name, path in (("ckpt", work / CKPT), ("ds", work / "ds"), ("tmp", work)):
+        text = text.replace("{" + name + "}", str(path))
+    return text
+
+
+def hdrope(argv: list[str], work: Path) -> subprocess.CompletedProcess:
+    """`hdrope ARGV` (placeholders filled) in a fresh interpreter."""
+    return subprocess.run([sys.executable, "-m", "hdrope.console", *(fill(a, work) for a in argv)],
+                          capture_output=True, text=True, timeout=120)
