@@ -146,11 +146,13 @@ def _is_rng_state(rng: Any) -> bool:
             and isinstance(rng.get("numpy"), torch.Tensor) and rng["numpy"].numel() == _NUMPY_KEY_WORDS)
 
 
-def _read_state(path: Path) -> dict[str, Any]:
-    """state.json, with the step and the RNG entries that load_checkpoint restores checked."""
-    name = "state.json"
+def read_state(path: Path) -> dict[str, Any]:
+    """A checkpoint's state.json (step, config hash, RNG entries) checked, without loading weights."""
+    path, name = Path(path), "state.json"
     try:
         state = json.loads((path / name).read_text())
+    except OSError as err:
+        raise _unreadable(path, name, type(err).__name__) from None
     except ValueError as err:  # JSONDecodeError or UnicodeDecodeError
         raise _unreadable(path, name, f"not JSON: {err}") from None
     if not isinstance(state, dict):
@@ -176,7 +178,7 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
             f"unexpected {sorted(unexpected)[:3]}); load it with the config it was trained with"
         )
     blob = _read_trainer_state(path, optimizer is not None)
-    state = _read_state(path)
+    state = read_state(path)
     if optimizer is not None:
         optimizer.load_state_dict(blob["optimizer"])
     torch.set_rng_state(blob["rng"]["torch"])
@@ -188,16 +190,3 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
     np.random.set_state((kind, blob["rng"]["numpy"].numpy().astype(np.uint32), pos, has_gauss, cached))
     return state
 
-
-def read_state(path: Path) -> dict[str, Any]:
-    """A checkpoint's state.json (step, config hash, ...) without loading weights; UserError when unreadable."""
-    file = Path(path) / "state.json"
-    try:
-        state = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserError(f"checkpoint {path}: state.json is unreadable ({type(err).__name__}); "
-                        "delete this checkpoint directory to resume from the previous one") from None
-    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
-        raise UserError(f"checkpoint {path}: state.json has no step; "
-                        "delete this checkpoint directory to resume from the previous one")
-    return state
