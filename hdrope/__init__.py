@@ -8,11 +8,37 @@ Depends on torch and numpy only. Public API:
 - `UserError`: the error raised for bad user input (a ValueError that names the field, value and fix).
 """
 
-from hdrope.bases import BASIS_KINDS, BasisReport, basis_generator, describe_basis, mixing_basis
-from hdrope.conference import conference_matrix, paley_orders
-from hdrope.errors import UserError
-from hdrope.rotary import HDRotary
-from hdrope.scaling import SCALING_TYPES, validate_scaling
+import importlib
+from typing import Any
+
+# Public names -> the submodule defining them. Imported on first use (PEP 562), so that
+# `import hdrope` and the `hdrope` console's dispatch (`hdrope --help`) do not import torch.
+_EXPORTS = {
+    "BASIS_KINDS": "hdrope.bases",
+    "BasisReport": "hdrope.bases",
+    "basis_generator": "hdrope.bases",
+    "describe_basis": "hdrope.bases",
+    "mixing_basis": "hdrope.bases",
+    "conference_matrix": "hdrope.conference",
+    "paley_orders": "hdrope.conference",
+    "UserError": "hdrope.errors",
+    "HDRotary": "hdrope.rotary",
+    "SCALING_TYPES": "hdrope.scaling",
+    "validate_scaling": "hdrope.scaling",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'hdrope' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
 
 __all__ = [
     "BASIS_KINDS",

@@ -115,8 +115,21 @@ def _results(a: argparse.Namespace) -> int:
     from sweeps.runner import find_sweep
 
     path = write_results(find_sweep(a.name, a.storage), Path(a.out) if a.out else None)
-    print(path)
+    print(results_text(path))
+    print(f"\nwritten to {path}")
     return 0
+
+
+def results_text(path: Path, width: int = 160) -> str:
+    """The results table as text: one line per cell, its encoding, θ, seed, status and the main metrics."""
+    import pyarrow.parquet as pq
+
+    df = pq.read_table(path).to_pandas()
+    metrics = [c for c in df.columns if c.startswith("val_loss") or c == "passkey_acc"]
+    cols = ["cell_id", "status", "pe_label", "theta", "seed", *metrics, "dedup_of"]
+    shown = df[[c for c in cols if c in df.columns]].copy()
+    shown["dedup_of"] = shown["dedup_of"].fillna("")
+    return shown.to_string(index=False, float_format=lambda v: f"{v:.4g}", line_width=width)
 
 
 def sweep_main(argv: list[str]) -> int:
@@ -155,7 +168,7 @@ def sweep_main(argv: list[str]) -> int:
     q = name_cmd("logs", "the last metric lines of every cell (and the job's log if submitted)")
     q.add_argument("--tail", type=int, default=3)
     q.set_defaults(fn=_logs)
-    q = name_cmd("results", "write results.parquet: all cells x final metrics, dedup expanded")
+    q = name_cmd("results", "write results.parquet (all cells x final metrics, dedup expanded) and print it")
     q.add_argument("--out", default="")
     q.set_defaults(fn=_results)
     a = p.parse_args(argv)

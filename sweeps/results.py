@@ -1,7 +1,7 @@
 """The sweep results table: one Parquet row per cell (deduplicated cells expanded), the analysis input.
 
 Columns: sweep, cell_id, trained_cell (the cell that actually trained), dedup_of, status
-(FINISHED | FAILED | PENDING | CORRUPT), error, config_hash, the encoding identity of the cell
+(FINISHED | FAILED | RUNNING | PENDING | CORRUPT), error, config_hash, the encoding identity of the cell
 (`trainer.position.encoding_identity`: pe_kind, pe_label, rotation_dim, basis, basis_seed, theta,
 scaling), seed, steps, run_dir, the axis values (one string column per axis key, named by the dotted
 key), and every final metric the cells planned or produced (val_loss_x16 included when configured).
@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from hdrope.errors import UserError
 from trainer.config import BASE_METRICS, metric_names
 from trainer.position import IDENTITY_COLUMNS, encoding_identity
-from trainer.run_files import read_result
+from trainer.run_files import RUN_FILE, read_result
 
 __all__ = ["cell_rows", "write_results"]
 
@@ -33,6 +33,8 @@ def _status(cell_dir: Path) -> tuple[str, str | None, dict[str, Any]]:
     error = cell_dir / "error.txt"
     if error.is_file():
         return "FAILED", error.read_text(errors="replace")[-2000:], {}
+    if (cell_dir / RUN_FILE).is_file():  # the trainer claimed the directory: started, not finished
+        return "RUNNING", None, {}
     return "PENDING", None, {}
 
 

@@ -100,3 +100,13 @@ def test_bench_train_prints_side_by_side_ratios():
         assert r["vs_rope"] == pytest.approx(r["step_ms"] / rows["rope"]["step_ms"], rel=1e-2)
         assert r["vs_hf_tokens_per_s"] == pytest.approx(r["tokens_per_s"] / rows["hf-llama"]["tokens_per_s"], rel=1e-2)
     assert 0 < rows["rope"]["mfu"] < 5
+
+
+def test_help_dispatches_without_importing_torch():
+    code = ("import sys, hdrope.console; rc = hdrope.console.main(['--help']); "
+            "print(rc, sorted(m for m in ('torch', 'numpy', 'trainer', 'sweeps', 'ray') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "0 []"
+    import hdrope  # the public names still resolve, on first use
+
+    assert hdrope.HDRotary.__name__ == "HDRotary" and issubclass(hdrope.UserError, ValueError)

@@ -198,6 +198,7 @@ def test_a_copied_sweep_writes_into_itself(tiny_sweep, tmp_path):
     out = subprocess.run([sys.executable, "-m", "hdrope.console", "sweep", "results", str(copy)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+    assert "c000-rotation_dim2-basisidentity-seed1" in out.stdout and "2D RoPE" in out.stdout  # the table, printed
     assert (tiny_sweep / "results.parquet").stat().st_mtime_ns == original
     assert not (tmp_path / "elsewhere").exists()
     rows = pq.read_table(copy / "results.parquet").to_pandas()
