@@ -8,9 +8,10 @@ from typing import Any
 
 from ray import tune
 
-from sweeps.tracking import SweepTracker
+from sweeps.tracking import SweepTracker, cell_run_name
 from sweeps.trainable import reported_metrics, resolve_cell
 from trainer.config import config_hash, flatten_config
+from trainer.position import encoding_identity
 
 __all__ = ["TrackingCallback"]
 
@@ -43,7 +44,10 @@ class TrackingCallback(tune.Callback):
         cell_id, cfg, values = resolve_cell(self.payload, trial_config)
         cell = self.payload["cells"].get(cell_id, {})
         tags = {"dedup_group": cell.get("group", ""), "axes": ", ".join(f"{k}={v}" for k, v in values.items())}
-        run_id = self.tracker.cell_run(cell_id, config_hash(cfg), flatten_config(cfg), tags)
+        identity = encoding_identity(cfg.model.pe)
+        tags.update({k: str(v) for k, v in identity.items()})
+        name = cell_run_name(identity, cfg.train.seed, values, self.payload.get("seed_axes", []))
+        run_id = self.tracker.cell_run(cell_id, config_hash(cfg), flatten_config(cfg), tags, name)
         return cell_id, run_id, Path(cfg.train.out_dir)
 
     def on_trial_start(self, iteration, trials, trial, **info):

@@ -22,7 +22,7 @@ from hdrope.errors import UserError
 from sweeps.plan import Plan, make_plan
 from sweeps.results import cell_rows, write_results
 from sweeps.spec import SweepSpec, check_name, load_spec
-from sweeps.tracking import SweepTracker, default_tracking_uri
+from sweeps.tracking import SweepTracker, default_tracking_uri, git_commit
 from sweeps.trainable import plan_payload, read_payload, run_trial
 from trainer.run_files import METRICS_FILE, read_metrics, write_json_atomic
 
@@ -194,6 +194,8 @@ def _reconcile(payload: dict[str, Any], uri: str) -> tuple[int, list[str]]:
 
 def _execute(payload: dict[str, Any], spec: SweepSpec, address: str | None, uri: str, restore: bool) -> int:
     tracker = SweepTracker(uri, spec.name, Path(payload["root"]) / "artifacts")
+    tracker.describe(spec.description, {"sweep": spec.name, "git_commit": git_commit(), "base": spec.base,
+                                        "axes": ", ".join(payload.get("axes", []))})
     tracker.parent_run({"spec": payload["spec"][:6000], "cells": len(payload["cells"])})
     _init_ray(address, spec)
     tuner = _tuner(payload, spec, uri, restore)

@@ -17,7 +17,21 @@ from typing import Any
 
 from trainer.reporting import log_params
 
-__all__ = ["SweepTracker", "default_tracking_uri", "git_commit"]
+__all__ = ["EXPERIMENT_KIND_TAG", "MODEL_TRAINING", "SweepTracker", "cell_run_name", "default_tracking_uri",
+           "git_commit"]
+
+EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"  # MLflow 3 UI
+
+
+def cell_run_name(identity: dict[str, Any], seed: int, values: dict[str, Any], seed_axes: list[str]) -> str:
+    """A readable child-run name from the cell's encoding identity and its other axes, e.g. 4D-Paley-θ1e+04-s42."""
+    parts = [str(identity["pe_label"]).replace(" ", "-")]
+    if identity.get("theta") is not None:
+        parts.append(f"θ{identity['theta']:g}")
+    parts.append(f"s{seed}")
+    skip = {"model.pe.kind", "model.pe.rotation_dim", "model.pe.basis", "model.pe.theta", *seed_axes}
+    parts += [f"{k.rsplit('.', 1)[-1]}{v}" for k, v in values.items() if k not in skip]
+    return "-".join(parts)[:250]
 
 
 def default_tracking_uri(root: Path) -> str:
@@ -52,6 +66,14 @@ class SweepTracker:
         self._runs: dict[str, str] = {}
         self._last_step: dict[tuple[str, str], int] = {}
 
+    def describe(self, description: str, tags: dict[str, str]) -> None:
+        """Mark the sweep's experiment as model training (so the MLflow UI opens on its runs), with the spec's
+        description as its note and the sweep's tags."""
+        kind = {EXPERIMENT_KIND_TAG: MODEL_TRAINING}
+        note = {"mlflow.note.content": description} if description else {}
+        for key, value in {**kind, **note, **tags}.items():
+            self.client.set_experiment_tag(self.experiment_id, key, str(value)[:5000])
+
     def _find(self, **tags: str) -> str | None:
         query = " and ".join(f"tags.{k} = '{v}'" for k, v in tags.items())
         found = self.client.search_runs([self.experiment_id], filter_string=query, max_results=2)
@@ -68,7 +90,8 @@ class SweepTracker:
             self._runs["__parent__"] = run_id
         return self._runs["__parent__"]
 
-    def cell_run(self, cell_id: str, config_hash: str, params: dict[str, Any], tags: dict[str, str]) -> str:
+    def cell_run(self, cell_id: str, config_hash: str, params: dict[str, Any], tags: dict[str, str],
+                 run_name: str | None = None) -> str:
         """The one run of a cell: found by its tags, or created (with all params) under the parent."""
         if cell_id in self._runs:
             return self._runs[cell_id]
@@ -76,7 +99,7 @@ class SweepTracker:
         if run_id is None:
             all_tags = {"sweep": self.sweep, "role": "cell", "cell_id": cell_id, "config_hash": config_hash,
                         "git_commit": git_commit(), "mlflow.parentRunId": self.parent_run(), **tags}
-            run = self.client.create_run(self.experiment_id, run_name=cell_id, tags=all_tags)
+            run = self.client.create_run(self.experiment_id, run_name=run_name or cell_id, tags=all_tags)
             run_id = run.info.run_id
             log_params(self.client, run_id, params)
         self._runs[cell_id] = run_id

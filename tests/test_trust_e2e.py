@@ -48,6 +48,9 @@ def test_mlflow_holds_each_cells_own_final_numbers(tmp_path, cache_dir):
     runs = {r.data.tags["cell_id"]: r for r in client.search_runs([exp.experiment_id])
             if r.data.tags.get("role") == "cell"}
     assert set(runs) == set(results.index) and len(runs) == 4
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens on the runs
+    assert {r.info.run_name for r in runs.values()} == {"RoPE-θ10000-s42", "4D-identity-θ10000-s42",
+                                                        "4D-Paley-θ10000-s42"}
     assert results["dedup_of"].notna().sum() == 1  # rope x paley is rope x identity
     for cell_id, run in runs.items():
         row = results.loc[cell_id]
