@@ -21,6 +21,7 @@ from hdrope.errors import UserError
 
 __all__ = [
     "SCALAR_COLUMNS",
+    "find_sweep_dir",
     "iter_maps",
     "load_passkey",
     "load_profiles",
@@ -109,6 +110,21 @@ def load_profiles(path: str | Path, layers=None, heads=None) -> pd.DataFrame:
 
 
 RESULT_COLUMNS = ("cell_id", "status", "dedup_of", "run_dir", "pe_kind", "pe_label", "rotation_dim", "basis", "theta")
+
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def find_sweep_dir(sweep_dir: str | Path) -> Path:
+    """The sweep directory a notebook or script names, from any working directory: the path as given, else
+    relative to the repository root (where `hdrope sweep run` writes runs/sweeps/NAME), else runs/sweeps/NAME."""
+    given = Path(sweep_dir).expanduser()
+    tried = [given] if given.is_absolute() else [given, REPO_ROOT / given, REPO_ROOT / "runs" / "sweeps" / given]
+    for path in tried:
+        if (path / "results.parquet").is_file() or (path / "plan.json").is_file():
+            return path.resolve()
+    raise UserError(f"sweep_dir={str(sweep_dir)!r}: no sweep there (no results.parquet or plan.json) in "
+                    f"{', '.join(str(t) for t in tried)}; run `hdrope sweep run SPEC` first or give its directory")
 
 
 def load_results(sweep_dir: str | Path) -> pd.DataFrame:

@@ -1,5 +1,6 @@
 """Analysis: known answers, streaming loaders and their errors, theory curves, the report and its CLI."""
 
+import os
 import subprocess
 import sys
 
@@ -159,8 +160,12 @@ def test_notebooks_run_top_to_bottom_on_a_sweep(tiny_sweep, name):
 
     nb = nbformat.read(NOTEBOOKS_DIR / f"{name}.ipynb", as_version=4)
     params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    params.source = f"sweep_dir = {str(tiny_sweep)!r}"
-    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tiny_sweep)}}).execute()
+    from analysis.load import REPO_ROOT
+
+    # opened from its own folder, with the sweep named relative to the repository (as in the shipped default)
+    params.source = f"sweep_dir = {os.path.relpath(tiny_sweep, REPO_ROOT)!r}"
+    here = {"metadata": {"path": str(NOTEBOOKS_DIR)}}
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources=here).execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     assert any(o.output_type in ("execute_result", "display_data", "stream") for o in outputs)
@@ -184,3 +189,14 @@ def test_report_is_logged_to_the_sweeps_mlflow_parent_run(tiny_sweep, tmp_path):
     assert report == sweep / "report" / "report.md"
     names = {a.path for a in mlflow.MlflowClient(uri).list_artifacts(parent, "report")}
     assert "report/report.md" in names and any(n.endswith(".png") for n in names)
+
+
+def test_find_sweep_dir_from_any_working_directory(tiny_sweep, tmp_path, monkeypatch):
+    from analysis.load import REPO_ROOT, find_sweep_dir
+    from hdrope.errors import UserError
+
+    monkeypatch.chdir(tmp_path)
+    assert find_sweep_dir(os.path.relpath(tiny_sweep, REPO_ROOT)) == tiny_sweep.resolve()
+    assert find_sweep_dir(tiny_sweep) == tiny_sweep.resolve()
+    with pytest.raises(UserError, match="no sweep there"):
+        find_sweep_dir("runs/sweeps/no-such-sweep")
