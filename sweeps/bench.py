@@ -39,7 +39,7 @@ def run_sweep_bench(steps: int = 30, concurrent: int = 1) -> dict:
     """Time both arms; returns the figures as a dict."""
     import ray
 
-    from sweeps.runner import _execute, _init_ray, _write_plan, prepare
+    from sweeps.runner import _execute, _init_ray, write_plan, prepare
     from sweeps.tracking import default_tracking_uri
     from trainer.loop import train
 
@@ -54,7 +54,7 @@ def run_sweep_bench(steps: int = 30, concurrent: int = 1) -> dict:
 
         spec_file.write_text(_SPEC.format(storage=Path(tmp) / "tune", steps=steps, concurrent=concurrent))
         plan = prepare(str(spec_file))
-        payload = _write_plan(plan)
+        payload = write_plan(plan)
         t0 = time.perf_counter()
         _init_ray(None, plan.spec)
         startup = time.perf_counter() - t0

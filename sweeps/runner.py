@@ -26,7 +26,7 @@ from sweeps.tracking import SweepTracker, default_tracking_uri, git_commit
 from sweeps.trainable import plan_payload, read_payload, run_trial
 from trainer.run_files import METRICS_FILE, read_metrics, write_json_atomic
 
-__all__ = ["find_sweep", "prepare", "resume_sweep", "run_sweep"]
+__all__ = ["find_sweep", "prepare", "resume_sweep", "run_sweep", "write_plan"]
 
 
 def prepare(spec_path: str, overrides: list[str] | None = None) -> Plan:
@@ -35,7 +35,8 @@ def prepare(spec_path: str, overrides: list[str] | None = None) -> Plan:
     return make_plan(spec, source=str(spec_path))
 
 
-def _write_plan(plan: Plan) -> dict[str, Any]:
+def write_plan(plan: Plan) -> dict[str, Any]:
+    """Write spec.yaml and plan.json into the plan's sweep directory (refusing a different plan under the same name)."""
     payload = plan_payload(plan)
     plan.root.mkdir(parents=True, exist_ok=True)
     plan_file = plan.root / "plan.json"
@@ -225,7 +226,7 @@ def run_sweep(spec_path: str, overrides: list[str] | None = None, address: str |
               tracking_uri: str | None = None) -> int:
     """Validate, plan and run a sweep; returns 0 when every cell finished."""
     plan = prepare(spec_path, overrides)
-    payload = _write_plan(plan)
+    payload = write_plan(plan)
     restore = (plan.root / "ray" / "tune").is_dir()
     return _execute(payload, plan.spec, address, _uri(plan.spec, plan.root, tracking_uri), restore)
 

@@ -3,13 +3,15 @@
 The plan travels to workers through `tune.with_parameters`, so a worker never re-resolves a grid
 cell: it trains exactly the config that was validated before the sweep started. Metrics and
 checkpoints reach Tune through `TuneReporter`, each result holding only the metrics computed at its
-step (listed under `reported`); a retried trial resumes from Tune's checkpoint.
+step (listed under `reported`). Tune's checkpoint of a trial is a pointer to the trainer's own checkpoint
+(one copy on disk); a retried trial resumes from it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +98,7 @@ def resolve_cell(payload: dict[str, Any], trial_config: dict[str, Any]) -> tuple
     return cell_id, cell_config(spec_cfg, values, cell_id, Path(payload["root"]) / "cells" / cell_id), values
 
 
+POINTER = "hdrope_checkpoint.json"  # Tune's checkpoint of a trial: the path of the trainer's own checkpoint
 REPORTED = "reported"  # the result key listing the trainer metrics computed at that step (comma-separated)
 
 
@@ -117,10 +120,18 @@ class TuneReporter(Reporter):
         self.cell_id, self.required = cell_id, required_metric
 
     def restore_path(self) -> Path | None:
+        """The trainer checkpoint Tune restored this trial to (Tune's checkpoint is a pointer to it)."""
         from ray import tune
 
         ckpt = tune.get_checkpoint()
-        return Path(ckpt.to_directory()) if ckpt is not None else None
+        if ckpt is None:
+            return None
+        with ckpt.as_directory() as where:
+            pointer = Path(where) / POINTER
+            if not pointer.is_file():  # a full copy (sweeps started before checkpoints were pointers)
+                return Path(ckpt.to_directory())
+            target = Path(json.loads(pointer.read_text())["path"])
+        return target if target.is_dir() else None
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         from ray import tune
@@ -134,7 +145,9 @@ class TuneReporter(Reporter):
         result = tune_result(self.cell_id, step, metrics)
         if self.required is not None and self.required not in result:
             result[self.required] = float("nan")  # a checkpoint is never dropped; not listed under REPORTED
-        tune.report(result, checkpoint=tune.Checkpoint.from_directory(str(path)))
+        with tempfile.TemporaryDirectory(prefix="hdrope-ckpt-pointer-") as tmp:  # one copy on disk: the trainer's
+            (Path(tmp) / POINTER).write_text(json.dumps({"path": str(Path(path).resolve()), "step": step}))
+            tune.report(result, checkpoint=tune.Checkpoint.from_directory(tmp))
 
 
 def finished_result(cfg: RunConfig) -> dict[str, Any] | None:
