@@ -19,14 +19,15 @@ import pandas as pd
 
 from analysis.fourier import fourier_magnitude, rope_band_magnitude
 from analysis.load import load_passkey, load_profiles, load_results, load_stats, read_json, sweep_cells
+from analysis.mechanism import mechanism_lines
 from analysis.plots import line_figure, panel_figure, polar_fan, save
 from analysis.rank import layerwise_rank, rank_difference
-from analysis.stats import mean_ci
+from analysis.stats import contrast_ci, excludes_zero, mean_ci
 from analysis.theory import pair_frequencies
-from analysis.variants import theta_text, trained
+from analysis.variants import theta_text, trained, variant_axes
 from hdrope.errors import UserError
 
-__all__ = ["ablation_table", "build_report", "metric_columns"]
+__all__ = ["ablation_table", "build_report", "metric_columns", "references"]
 
 _NOT_METRICS = {"seed", "steps", "theta", "rotation_dim", "basis_seed"}
 
@@ -44,18 +45,39 @@ def _theta_order(values: pd.Series) -> list[float]:
     return finite + ([float("nan")] if values.isna().any() else [])
 
 
+def _at_theta(cells: pd.DataFrame, theta: float) -> pd.DataFrame:
+    return cells[cells["theta"].isna()] if np.isnan(theta) else cells[np.isclose(cells["theta"].astype(float), theta)]
+
+
+def references(cells: pd.DataFrame) -> dict[str, str]:
+    """variant -> the 2D (RoPE-equivalent) variant with the same other axes, which the tables test it against."""
+    axes = variant_axes(cells)
+    refs: dict[str, str] = {}
+    for _, g in cells.groupby(axes, dropna=False) if axes else [(None, cells)]:
+        two = g[g["rotation_dim"] == 2].sort_values("variant_rank")
+        if not two.empty:
+            refs.update({v: two["variant"].iloc[0] for v in g["variant"].unique() if v != two["variant"].iloc[0]})
+    return refs
+
+
 def ablation_table(results: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Rows: variants (in identity order); columns: θ; cells 'mean ± half-CI (n)' over the seeds of that variant."""
+    """Rows: variants (in identity order); columns: θ; cells 'mean ± half-CI (n)' over the seeds of that variant,
+    marked * where the 95% CI of its difference to the 2D variant at that θ excludes 0."""
     df = trained(results)
     thetas = _theta_order(df["theta"])
+    refs = references(df)
     out: dict[str, dict[str, str]] = {}
     for (variant, _), g in df.groupby(["variant", "variant_rank"], sort=False):
         for theta in thetas:
-            at = g[g["theta"].isna()] if np.isnan(theta) else g[np.isclose(g["theta"].astype(float), theta)]
+            at = _at_theta(g, theta)
             if at.empty:
                 continue
             s = mean_ci(at[metric].to_numpy(dtype=float))
             text = f"{s['mean']:.4f}" if s["n"] < 2 else f"{s['mean']:.4f} ± {(s['hi'] - s['lo']) / 2:.4f} (n={s['n']})"
+            if variant in refs:
+                ref = _at_theta(df[df["variant"] == refs[variant]], theta)[metric].to_numpy(dtype=float)
+                if excludes_zero(contrast_ci([at[metric].to_numpy(dtype=float), ref], [1.0, -1.0])):
+                    text += " *"
             out.setdefault(variant, {})[theta_text(None if np.isnan(theta) else theta)] = text
     ranks = df.drop_duplicates("variant").set_index("variant")["variant_rank"]
     table = pd.DataFrame(out).T
@@ -77,10 +99,20 @@ def _table_notes(df: pd.DataFrame, metric: str) -> list[str]:
     counts = df.groupby(["variant", df["theta"].fillna(-1.0)])[metric].count()
     if counts.max() < 2:
         notes.append("_One seed per cell: no confidence intervals, so no difference here is tested._")
+    elif refs := references(df):
+        against = ", ".join(sorted(set(refs.values())))
+        notes.append(f"_* differs from {against} at the same θ (95% bootstrap CI of the difference excludes 0); "
+                     f"unmarked differences are not significant with {_seed_count(counts)} per cell (with few "
+                     "seeds a bootstrap CI is rough: add seeds before concluding)._")
     values = df[metric].dropna()
     if len(values) and (values == 0).all():
         notes.append(f"_{metric} is 0 for every cell: no model solved the task at this training budget._")
     return notes
+
+
+def _seed_count(counts: pd.Series) -> str:
+    lo, hi = int(counts.min()), int(counts.max())
+    return f"{lo} seeds" if lo == hi else f"{lo}–{hi} seeds"
 
 
 def _by_theta(cells: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
@@ -238,6 +270,10 @@ def build_report(sweep_dir: str | Path, tracking_uri: str | None = None) -> Path
     metrics = metric_columns(results)
     for metric in metrics:
         md += [f"### {metric}", "", _markdown(ablation_table(results, metric)), "", *_table_notes(cells, metric), ""]
+    if mech := mechanism_lines(cells):
+        md += ["## Optimiser mechanism: is the Paley − identity gap an optimiser effect? (NOTES §2)", "",
+               "A fixed basis is a re-parameterisation of W_q/W_k: under a rotation-invariant optimiser (SGD) "
+               "the two train identically (tests/test_mechanism.py), so a gap there would be noise.", "", *mech, ""]
     md += ["## Metric vs RoPE base θ", ""]
     shown = [m for m in ("val_loss", "val_loss_x4", "passkey_acc") if m in metrics]
     for metric in shown:

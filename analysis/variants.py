@@ -14,7 +14,7 @@ import json
 import numpy as np
 import pandas as pd
 
-__all__ = ["LABEL_KEYS", "THETA_KEY", "theta_text", "trained", "variant_axes", "with_variants"]
+__all__ = ["LABEL_KEYS", "THETA_KEY", "theta_text", "trained", "value_text", "variant_axes", "with_variants"]
 
 LABEL_KEYS = ("model.pe.kind", "model.pe.rotation_dim", "model.pe.basis")  # what pe_label already says
 THETA_KEY = "model.pe.theta"
@@ -27,15 +27,18 @@ def variant_axes(results: pd.DataFrame) -> list[str]:
     return [k for k in axes if k not in seeds and k != THETA_KEY and k not in LABEL_KEYS and k in results]
 
 
-def _short(key: str, value: object) -> str:
+def value_text(value: object) -> str:
+    """An axis value as a label: mappings (stored as JSON) as 'k=v k=v', anything else as str."""
     text = str(value)
     try:
         parsed = json.loads(text)
     except (TypeError, ValueError):
         parsed = None
-    if isinstance(parsed, dict):
-        text = " ".join(f"{k}={v}" for k, v in parsed.items())
-    return f"{key.rsplit('.', 1)[-1]}={text}"
+    return " ".join(f"{k}={v}" for k, v in parsed.items()) if isinstance(parsed, dict) else text
+
+
+def _short(key: str, value: object) -> str:
+    return f"{key.rsplit('.', 1)[-1]}={value_text(value)}"
 
 
 def with_variants(results: pd.DataFrame) -> pd.DataFrame:

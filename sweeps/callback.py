@@ -13,7 +13,17 @@ from sweeps.trainable import reported_metrics, resolve_cell
 from trainer.config import config_hash, flatten_config
 from trainer.position import encoding_identity
 
-__all__ = ["TrackingCallback"]
+__all__ = ["TrackingCallback", "trial_name"]
+
+
+def trial_name(trial: Any, payload: dict[str, Any]) -> str:
+    """Tune's name for a trial: its cell's readable run name (e.g. 4D-Paley-θ10000-s42), as in MLflow."""
+    _, cfg, values = resolve_cell(payload, trial.config)
+    return _run_name(payload, cfg, values)
+
+
+def _run_name(payload: dict[str, Any], cfg: Any, values: dict[str, Any]) -> str:
+    return cell_run_name(encoding_identity(cfg.model.pe), cfg.train.seed, values, payload.get("seed_axes", []))
 
 
 class TrackingCallback(tune.Callback):
@@ -46,8 +56,8 @@ class TrackingCallback(tune.Callback):
         tags = {"dedup_group": cell.get("group", ""), "axes": ", ".join(f"{k}={v}" for k, v in values.items())}
         identity = encoding_identity(cfg.model.pe)
         tags.update({k: str(v) for k, v in identity.items()})
-        name = cell_run_name(identity, cfg.train.seed, values, self.payload.get("seed_axes", []))
-        run_id = self.tracker.cell_run(cell_id, config_hash(cfg), flatten_config(cfg), tags, name)
+        run_id = self.tracker.cell_run(cell_id, config_hash(cfg), flatten_config(cfg), tags,
+                                       _run_name(self.payload, cfg, values))
         return cell_id, run_id, Path(cfg.train.out_dir)
 
     def on_trial_start(self, iteration, trials, trial, **info):

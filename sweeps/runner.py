@@ -10,9 +10,11 @@ Layout of a sweep directory (storage/name):
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +74,7 @@ def _init_ray(address: str | None, spec: SweepSpec) -> None:
 
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "1")
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # only the JSON log added below: no TensorBoard
     if ray.is_initialized():
         return
     kwargs: dict[str, Any] = {"dashboard_host": "127.0.0.1", "log_to_driver": True, "configure_logging": True,
@@ -84,8 +87,10 @@ def _init_ray(address: str | None, spec: SweepSpec) -> None:
 
 def _tuner(payload: dict[str, Any], spec: SweepSpec, uri: str, restore: bool):
     from ray import tune
+    from ray.tune.logger import JsonLoggerCallback
 
-    from sweeps.callback import TrackingCallback
+    from sweeps.callback import TrackingCallback, trial_name
+    from sweeps.progress import ProgressCallback
 
     root = Path(payload["root"])
     trainable = tune.with_resources(
@@ -114,14 +119,15 @@ def _tuner(payload: dict[str, Any], spec: SweepSpec, uri: str, restore: bool):
         param_space=param_space,
         tune_config=tune.TuneConfig(num_samples=num_samples, max_concurrent_trials=spec.max_concurrent or None,
                                     scheduler=scheduler, search_alg=search_alg,
-                                    reuse_actors=True),  # a warm worker (torch imported, data cached) per slot
+                                    reuse_actors=True,  # a warm worker (torch imported, data cached) per slot
+                                    trial_name_creator=functools.partial(trial_name, payload=payload)),
         run_config=tune.RunConfig(
             name="tune",
             storage_path=str(root / "ray"),
             failure_config=tune.FailureConfig(max_failures=spec.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-            callbacks=[TrackingCallback(uri, payload)],
-            verbose=1,
+            callbacks=[TrackingCallback(uri, payload), ProgressCallback(), JsonLoggerCallback()],
+            verbose=0,  # ProgressCallback prints one line per trial event instead of Tune's tables
         ),
     )
 
@@ -194,6 +200,9 @@ def _reconcile(payload: dict[str, Any], uri: str) -> tuple[int, list[str]]:
 
 
 def _execute(payload: dict[str, Any], spec: SweepSpec, address: str | None, uri: str, restore: bool) -> int:
+    from sweeps.progress import quiet_logs
+
+    quiet_logs()
     tracker = SweepTracker(uri, spec.name, Path(payload["root"]) / "artifacts")
     tracker.describe(spec.description, {"sweep": spec.name, "git_commit": git_commit(), "base": spec.base,
                                         "axes": ", ".join(payload.get("axes", []))})
@@ -206,6 +215,7 @@ def _execute(payload: dict[str, Any], spec: SweepSpec, address: str | None, uri:
     except FileNotFoundError:
         old_cwd = None
     os.chdir(payload["root"])
+    started = time.monotonic()
     try:
         tuner.fit()
     finally:
@@ -213,7 +223,7 @@ def _execute(payload: dict[str, Any], spec: SweepSpec, address: str | None, uri:
             os.chdir(old_cwd)
     finished, failed = _reconcile(payload, uri)
     path = write_results(payload)
-    print(f"sweep {spec.name}: {finished} cells finished, {len(failed)} failed; "
+    print(f"sweep {spec.name}: {finished} cells finished, {len(failed)} failed in {time.monotonic() - started:.0f} s; "
           f"results {path}; MLflow: hdrope ui {payload['root']}", file=sys.stderr)
     return 1 if failed else 0
 
@@ -228,6 +238,10 @@ def run_sweep(spec_path: str, overrides: list[str] | None = None, address: str |
     plan = prepare(spec_path, overrides)
     payload = write_plan(plan)
     restore = (plan.root / "ray" / "tune").is_dir()
+    if not restore:
+        from sweeps.estimate import estimate_text
+
+        print(estimate_text(plan), file=sys.stderr, flush=True)
     return _execute(payload, plan.spec, address, _uri(plan.spec, plan.root, tracking_uri), restore)
 
 

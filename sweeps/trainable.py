@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -103,8 +104,10 @@ REPORTED = "reported"  # the result key listing the trainer metrics computed at 
 
 
 def tune_result(cell_id: str, step: int, metrics: dict[str, float], **extra: Any) -> dict[str, Any]:
-    """A Tune result of the trainer metrics computed at `step`, with the list of their names under REPORTED."""
-    return {**metrics, "step": step, "cell_id": cell_id, REPORTED: ",".join(sorted(metrics)), **extra}
+    """A Tune result of the trainer metrics computed at `step`, with the list of their names under REPORTED.
+
+    Progress keys (`extra`, e.g. steps and eta_s) come first: Tune's status table shows the first few."""
+    return {"step": step, **extra, **metrics, "cell_id": cell_id, REPORTED: ",".join(sorted(metrics))}
 
 
 def reported_metrics(result: dict[str, Any]) -> dict[str, float]:
@@ -118,6 +121,16 @@ class TuneReporter(Reporter):
 
     def __init__(self, cell_id: str, required_metric: str | None = None) -> None:
         self.cell_id, self.required = cell_id, required_metric
+        self.total, self.first, self.t0 = 0, 0, time.monotonic()
+
+    def start(self, run_dir: Path, params: dict[str, Any], total_steps: int, start_step: int) -> None:
+        self.total, self.first, self.t0 = total_steps, start_step, time.monotonic()
+
+    def _progress(self, step: int) -> dict[str, Any]:
+        """steps (the trial's total) and eta_s (seconds left at this trial's pace since it started or resumed)."""
+        done = step - self.first
+        eta = (self.total - step) * (time.monotonic() - self.t0) / done if done > 0 else float("nan")
+        return {"steps": self.total, "eta_s": round(eta, 1)}
 
     def restore_path(self) -> Path | None:
         """The trainer checkpoint Tune restored this trial to (Tune's checkpoint is a pointer to it)."""
@@ -137,12 +150,12 @@ class TuneReporter(Reporter):
         from ray import tune
 
         if self.required is None or self.required in metrics:  # a searcher needs its metric in every result
-            tune.report(tune_result(self.cell_id, step, metrics))
+            tune.report(tune_result(self.cell_id, step, metrics, **self._progress(step)))
 
     def checkpoint(self, step: int, path: Path, metrics: dict[str, float]) -> None:
         from ray import tune
 
-        result = tune_result(self.cell_id, step, metrics)
+        result = tune_result(self.cell_id, step, metrics, **self._progress(step))
         if self.required is not None and self.required not in result:
             result[self.required] = float("nan")  # a checkpoint is never dropped; not listed under REPORTED
         with tempfile.TemporaryDirectory(prefix="hdrope-ckpt-pointer-") as tmp:  # one copy on disk: the trainer's
@@ -160,13 +173,15 @@ def run_trial(config: dict[str, Any], payload: dict[str, Any]) -> None:
     """Tune entry point: train the trial's cell (never twice: a finished cell only re-reports its result)."""
     from ray import tune
 
+    from sweeps.progress import quiet_logs
     from trainer.loop import train
 
+    quiet_logs()
     cell_id, cfg, _ = resolve_cell(payload, config)
     done = finished_result(cfg)
     if done is not None:
         metrics = {k: v for k, v in done["metrics"].items() if v is not None}
-        tune.report(tune_result(cell_id, done["step"], metrics, reused=1))
+        tune.report(tune_result(cell_id, done["step"], metrics, steps=done["step"], reused=1))
         return
     error_file = Path(cfg.train.out_dir) / "error.txt"
     try:

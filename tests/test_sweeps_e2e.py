@@ -5,6 +5,7 @@ All marked slow: `.ci/run` runs them; deselect locally with -m 'not slow'.
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -90,6 +91,10 @@ def test_local_grid_logs_one_run_per_cell_to_a_real_mlflow_server(tmp_path, cach
     spec = write_spec(tmp_path, "e2e", uri=mlflow_server)
     out = hdrope("sweep", "run", str(spec), cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
+    # before Ray: the plan summary and an estimate; during: one line per trial event with step of total and ETA
+    assert "4 cells, 3 trials to train (1 saved by dedup)" in out.stderr and "estimated time: about" in out.stderr
+    assert re.search(r"4D-Paley-θ10000-s42 +step +\d+/20 +eta", out.stderr), out.stderr[-3000:]
+    assert "TensorBoard" not in out.stderr and "Creating initial MLflow database tables" not in out.stderr
     client, cells, parents = cell_runs(mlflow_server, "e2e")
     assert len(cells) == 4 and len(parents) == 1
     assert all(r.info.status == "FINISHED" for r in cells + parents)

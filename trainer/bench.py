@@ -19,10 +19,12 @@ from trainer.model import Llama, ModelArgs
 from trainer.presets import load_model_args
 from trainer.throughput import flops_per_token, peak_flops
 
-__all__ = ["main", "run_train_bench"]
+__all__ = ["main", "run_train_bench", "step_seconds", "train_step_fn"]
 
 
-def _step_fn(model: torch.nn.Module, tokens: torch.Tensor, hf: bool, autocast: bool) -> Callable[[], None]:
+def train_step_fn(model: torch.nn.Module, tokens: torch.Tensor, hf: bool = False,
+                  autocast: bool = False) -> Callable[[], None]:
+    """One full optimizer step (forward, cross-entropy, backward, AdamW) of model on tokens, as a closure."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
 
@@ -63,14 +65,14 @@ def run_train_bench(
     fns: dict[str, Callable[[], None]] = {}
     for name, args in variants.items():
         torch.manual_seed(0)
-        fns[name] = _step_fn(Llama(args), tokens, hf=False, autocast=bf16)
+        fns[name] = train_step_fn(Llama(args), tokens, hf=False, autocast=bf16)
     if with_hf:
         from transformers import LlamaForCausalLM
 
         from trainer.hf_compat import hf_config
 
         hf = LlamaForCausalLM(hf_config(variants["rope"], attn_implementation="sdpa"))
-        fns["hf-llama"] = _step_fn(hf, tokens, hf=True, autocast=bf16)
+        fns["hf-llama"] = train_step_fn(hf, tokens, hf=True, autocast=bf16)
     ms = median_round_robin(fns, rounds)
     tokens_per_step = batch * base.max_seq_len
     fpt = flops_per_token(base, base.max_seq_len)
@@ -82,6 +84,24 @@ def run_train_bench(
                      "mfu": tps * fpt / peak, "vs_hf_tokens_per_s": ms["hf-llama"] / t if with_hf else None})
     return {"rows": rows, "tokens_per_step": tokens_per_step, "peak_tflops": peak / 1e12,
             "threads": torch.get_num_threads(), "dtype": dtype, "preset": preset}
+
+
+def step_seconds(args: ModelArgs, batch: int, threads: int = 1, steps: int = 3) -> float:
+    """Seconds per training step of a model of shape args at this batch size on `threads` CPU threads."""
+    import time
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads))
+    try:
+        torch.manual_seed(0)
+        step = train_step_fn(Llama(args), torch.randint(0, args.vocab_size, (batch, args.max_seq_len + 1)))
+        step()  # warm-up: allocator, kernels
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        return (time.perf_counter() - t0) / steps
+    finally:
+        torch.set_num_threads(before)
 
 
 def main(argv: list[str]) -> int:

@@ -91,7 +91,7 @@ class DataConfig:
 class OptimConfig:
     """Optimizer and learning-rate schedule (the paper: AdamW, warmup 1e-6 -> 1e-4, then decay)."""
 
-    name: str = "adamw"  # adamw | sgd
+    name: str = "adamw"  # a key of trainer.optim.OPTIMIZERS: adamw | sgd | adafactor
     lr: float = 1e-4
     warmup_start_lr: float = 1e-6
     final_lr: float = 1e-6
@@ -234,8 +234,10 @@ def config_errors(cfg: RunConfig) -> list[str]:
         )
     if "{k}" not in d.passkey.key:
         errors.append(f"data.passkey.key={d.passkey.key!r}: must contain the placeholder {{k}}")
-    if o.name not in ("adamw", "sgd"):
-        errors.append(f"optim.name={o.name!r}: choose 'adamw' or 'sgd'")
+    from trainer.optim import OPTIMIZERS  # the registry beside the code that builds them (it imports this module)
+
+    if o.name not in OPTIMIZERS:
+        errors.append(f"optim.name={o.name!r}: choose one of {', '.join(sorted(OPTIMIZERS))}")
     if o.schedule not in ("cosine", "linear", "constant"):
         errors.append(f"optim.schedule={o.schedule!r}: choose cosine, linear or constant")
     _positive(errors, o, "optim", ("lr",))

@@ -1,8 +1,9 @@
-"""Optimizers (AdamW, SGD) and the warmup-then-decay learning-rate schedule."""
+"""Optimizers (AdamW, SGD, Adafactor) and the warmup-then-decay learning-rate schedule."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -10,19 +11,40 @@ from torch import nn
 from hdrope.errors import UserError
 from trainer.config import OptimConfig
 
-__all__ = ["build_optimizer", "lr_at"]
+__all__ = ["OPTIMIZERS", "build_optimizer", "lr_at"]
+
+
+def _adamw(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, foreach=True)
+
+
+def _sgd(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
+    return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, foreach=True)
+
+
+def _adafactor(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
+    return torch.optim.Adafactor(groups, lr=cfg.lr, foreach=True)
+
+
+# optim.name -> builder. Which are rotation-invariant matters for HD-RoPE (NOTES §2): SGD (with momentum,
+# L2 decay and norm clipping) commutes with an orthogonal change of the W_q/W_k basis, so a fixed-Q model
+# trains exactly as its folded identity-basis twin; AdamW's per-coordinate and Adafactor's per-row/column
+# second moments do not.
+OPTIMIZERS: dict[str, Callable[[list[dict], OptimConfig], torch.optim.Optimizer]] = {
+    "adamw": _adamw,
+    "sgd": _sgd,
+    "adafactor": _adafactor,
+}
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
-    """AdamW or SGD; weight decay applies to matrices only, never to norm gains."""
+    """The optimizer `cfg.name` names; weight decay applies to matrices only, never to norm gains."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    if cfg.name == "adamw":
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, foreach=True)
-    if cfg.name == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, foreach=True)
-    raise UserError(f"optim.name={cfg.name!r}: choose 'adamw' or 'sgd'")
+    if cfg.name not in OPTIMIZERS:
+        raise UserError(f"optim.name={cfg.name!r}: choose one of {sorted(OPTIMIZERS)}")
+    return OPTIMIZERS[cfg.name](groups, cfg)
 
 
 def lr_at(step: int, cfg: OptimConfig, total_steps: int) -> float:

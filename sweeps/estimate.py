@@ -1,0 +1,99 @@
+"""How long a planned sweep will take on this machine, printed before Ray starts.
+
+The training-step time of every distinct model shape in the plan is measured here (a few real
+optimizer steps on the trial's thread count); evaluations are counted in forward-pass equivalents
+of that step, and trials are packed onto the concurrent slots the plan reports. It is an estimate:
+`hdrope sweep run` prints the measured wall time at the end for comparison.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any
+
+from sweeps.plan import Plan
+from trainer.config import RunConfig
+
+__all__ = ["estimate_sweep", "estimate_text"]
+
+FORWARD_SHARE = 1 / 3  # a forward pass costs about a third of a training step (forward + backward + update)
+TRIAL_OVERHEAD_S = 6.0  # data, model and checkpoint set-up, dumps and reporting per trial (hdrope bench sweep)
+STARTUP_S = 15.0  # embedded Ray and MLflow start-up, reconciliation and results
+MAX_TIMED_PARAMS = 60e6  # larger models are not timed on the driver (it would take minutes of the sweep's time)
+
+
+def _eval_steps(cfg: RunConfig) -> float:
+    """Evaluation cost of one run in training-step equivalents."""
+    e, t = cfg.eval, cfg.train
+    scale = e.batch_size / t.batch_size * FORWARD_SHARE
+    evals = (t.steps // t.eval_every if t.eval_every else 0) + 1
+    per_eval = e.val_batches + sum(f * e.extrapolation_batches for f in e.extrapolation)
+    passkey = 0.0
+    if e.passkey.enabled:  # one prefill of the prompt plus a token-by-token decode, per prompt, at the end
+        prompts = e.passkey.depths * e.passkey.samples
+        decode = e.passkey.max_new_tokens / cfg.model.max_seq_len
+        passkey = sum(prompts * (f + decode) for f in e.passkey.length_factors)
+        passkey *= FORWARD_SHARE / t.batch_size
+    return evals * per_eval * scale + passkey
+
+
+def _shape_key(cfg: RunConfig) -> str:
+    model = asdict(cfg.model)
+    model["pe"] = {k: model["pe"].get(k) for k in ("kind", "rotation_dim", "fused")}  # θ, basis: same cost
+    return json.dumps([model, cfg.train.batch_size, cfg.train.threads], sort_keys=True, default=str)
+
+
+def estimate_sweep(plan: Plan) -> dict[str, Any]:
+    """Estimated seconds for the plan's trials here: {total_s, per_trial_s, step_s, concurrent}, or {reason}."""
+    from trainer.bench import step_seconds
+
+    s = plan.summary()
+    if plan.spec.search.kind != "grid":
+        return {"reason": "Optuna trials are sampled as they run"}
+    if plan.spec.resources.gpus:
+        return {"reason": "GPU trials are not timed on the driver"}
+    step_s: dict[str, float] = {}
+    per_trial: list[float] = []
+    for cell in plan.to_run:
+        cfg = cell.config
+        key = _shape_key(cfg)
+        if key not in step_s:
+            if _params(cfg) > MAX_TIMED_PARAMS:
+                return {"reason": f"models of {_params(cfg) / 1e6:.0f}M parameters are not timed on the driver"}
+            threads = cfg.train.threads or max(1, int(plan.spec.resources.cpus))
+            step_s[key] = step_seconds(cfg.model, cfg.train.batch_size * cfg.train.grad_accum, threads)
+        per_trial.append((cfg.train.steps + _eval_steps(cfg)) * step_s[key] + TRIAL_OVERHEAD_S)
+    if not per_trial:
+        return {"reason": "nothing to train (every cell is a dedup copy)"}
+    slots = max(1, s["concurrent_here"])
+    total = max(sum(per_trial) / slots, max(per_trial)) + STARTUP_S
+    return {"total_s": total, "per_trial_s": per_trial, "step_s": sorted(step_s.values()), "concurrent": slots}
+
+
+def _params(cfg: RunConfig) -> float:
+    m = cfg.model
+    hd = m.resolved_head_dim
+    per_layer = m.dim * hd * (2 * m.n_heads + 2 * m.n_kv_heads) + 3 * m.dim * m.ffn_hidden
+    return m.n_layers * per_layer + m.dim * m.vocab_size
+
+
+def estimate_text(plan: Plan) -> str:
+    """The plan summary and the estimated time, as `hdrope sweep run` prints them before Ray starts."""
+    s = plan.summary()
+    lines = [f"sweep {s['name']}: {s['cells']} cells, {s['trials_run']} trials to train "
+             f"({s['trials_saved']} saved by dedup), {s['concurrent_here']} at once here "
+             f"({s['per_trial']['cpus']} CPU / {s['per_trial']['gpus']} GPU each), {s['total_steps']} steps in all; "
+             f"writes to {s['dir']}"]
+    est = estimate_sweep(plan)
+    if "reason" in est:
+        lines.append(f"estimated time: not estimated ({est['reason']})")
+    else:
+        steps = ", ".join(f"{v * 1e3:.0f}" for v in est["step_s"])
+        lines.append(f"estimated time: about {_duration(est['total_s'])} (measured {steps} ms per training step; "
+                     f"each trial about {_duration(max(est['per_trial_s']))})")
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"

@@ -1,0 +1,63 @@
+"""What a sweep tells the researcher before and while it runs: plan summary, time estimate, progress lines."""
+
+import io
+from types import SimpleNamespace
+
+from sweeps.estimate import estimate_sweep, estimate_text
+from sweeps.plan import make_plan
+from sweeps.progress import ProgressCallback
+from sweeps.spec import load_spec
+from sweeps.trainable import tune_result
+
+GRID = """
+name: est
+base: tiny
+storage: {storage}
+overrides: {{train.steps: 40, train.threads: 1}}
+axes: {{model.pe.rotation_dim: [2, 4], model.pe.basis: [identity, paley], seed: [1, 2]}}
+resources: {{cpus: 1}}
+"""
+
+
+def _plan(tmp_path, text=GRID):
+    path = tmp_path / "est.yaml"
+    path.write_text(text.format(storage=tmp_path))
+    return make_plan(load_spec(path))
+
+
+def test_progress_keys_come_first_so_tunes_table_shows_them():
+    result = tune_result("c000", 60, {"train_loss": 2.0, "val_loss": 2.5}, steps=120, eta_s=30.0)
+    assert list(result)[:3] == ["step", "steps", "eta_s"]
+    assert result["reported"] == "train_loss,val_loss"
+
+
+def test_a_progress_line_carries_step_of_total_eta_and_losses():
+    out = io.StringIO()
+    cb = ProgressCallback(every_s=1e9, out=out)
+    trial = type("T", (), {"trial_id": "a", "status": "RUNNING", "__str__": lambda self: "4D-Paley-θ500-s42"})()
+    trials = [trial, SimpleNamespace(status="PENDING")]
+    cb.on_trial_result(0, trials, trial, {"step": 60, "steps": 120, "eta_s": 35.2, "train_loss": 2.4013})
+    cb.on_trial_result(0, trials, trial, {"step": 80, "steps": 120, "eta_s": 20.0, "train_loss": 2.2})  # throttled
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1
+    assert "4D-Paley-θ500-s42" in lines[0] and "step    60/120" in lines[0] and "eta   35 s" in lines[0]
+    assert "train_loss 2.401" in lines[0] and "(1 running, 1 pending)" in lines[0]
+
+
+def test_the_estimate_times_each_model_shape_and_packs_trials_on_the_slots(tmp_path):
+    plan = _plan(tmp_path)
+    est = estimate_sweep(plan)
+    assert len(est["step_s"]) == 2  # RoPE and 4D: two shapes timed (θ, basis and seed cost the same)
+    assert len(est["per_trial_s"]) == len(plan.to_run) == 6
+    assert all(0 < s < 5 for s in est["step_s"])
+    slots = plan.summary()["concurrent_here"]
+    assert est["total_s"] >= max(sum(est["per_trial_s"]) / slots, max(est["per_trial_s"]))
+    text = estimate_text(plan)
+    assert "8 cells, 6 trials to train (2 saved by dedup)" in text and "estimated time: about" in text
+
+
+def test_no_estimate_for_optuna_says_why(tmp_path):
+    spec = GRID.replace("axes: {{model.pe.rotation_dim: [2, 4], model.pe.basis: [identity, paley], seed: [1, 2]}}",
+                        "search: {{kind: optuna, n_trials: 3, space: {{optim.lr: {{low: 1.0e-4, high: 1.0e-2}}}}}}")
+    est = estimate_sweep(_plan(tmp_path, spec))
+    assert "total_s" not in est and "sampled" in est["reason"]
