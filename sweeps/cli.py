@@ -103,11 +103,22 @@ def _logs(a: argparse.Namespace) -> int:
         records = read_metrics(cell_dir / METRICS_FILE)
         dedup = cell_dir / "dedup.json"
         print(f"== {cell_dir.name}" + (f" (= {json.loads(dedup.read_text())['dedup_of']})" if dedup.is_file() else ""))
-        for rec in records[-a.tail :]:
-            print("   " + "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in rec.items()))
+        print(_columns(records[-a.tail :]))
         if (cell_dir / "error.txt").is_file():
             print(f"   ERROR {(cell_dir / 'error.txt').read_text().strip()}")
     return 0
+
+
+def _columns(records: list[dict]) -> str:
+    """Metric records as aligned columns under a header (step first, then every key in first-seen order)."""
+    if not records:
+        return "   (no metrics yet)"
+    keys = list(dict.fromkeys(k for rec in records for k in rec))
+    keys = ["step", *[k for k in keys if k != "step"]] if "step" in keys else keys
+    cell = lambda v: "" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)  # noqa: E731
+    rows = [keys, *[[cell(rec.get(k)) for k in keys] for rec in records]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(keys))]
+    return "\n".join("   " + "  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) for r in rows)
 
 
 def _results(a: argparse.Namespace) -> int:

@@ -68,6 +68,8 @@ class Plan:
         """Counts and resources, as `hdrope sweep plan` prints them."""
         cpus = os.cpu_count() or 1
         fit = max(1, int(cpus // max(self.spec.resources.cpus, 1e-9)))
+        if self.spec.resources.gpus > 0:  # fractional GPUs share a device: 0.25 -> four trials per GPU
+            fit = min(fit, int(local_gpus() // self.spec.resources.gpus + 1e-9))
         concurrent = min(fit, self.spec.max_concurrent or fit)
         optuna = self.spec.search.kind == "optuna"
         return {"name": self.spec.name, "dir": str(self.root), "cells": len(self.cells),
@@ -76,6 +78,13 @@ class Plan:
                 "search": self.spec.search.kind, "scheduler": self.spec.scheduler,
                 "per_trial": {"cpus": self.spec.resources.cpus, "gpus": self.spec.resources.gpus},
                 "concurrent_here": concurrent, "total_steps": sum(c.config.train.steps for c in self.to_run)}
+
+
+def local_gpus() -> int:
+    """CUDA devices on this machine (0 without torch's CUDA build); only asked when a spec wants GPUs."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def sweep_dir(spec: SweepSpec) -> Path:
@@ -244,4 +253,7 @@ def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
     if spec.scheduler == "asha":
         notes.append("scheduler=asha stops weak trials early: ablation tables will have holes (use fifo for tables)")
         warnings.warn(notes[-1], stacklevel=2)
+    if spec.resources.gpus > 0 and local_gpus() == 0:
+        notes.append(f"resources.gpus={spec.resources.gpus:g}: this machine has no GPU, so its embedded Ray cannot "
+                     "run these trials; submit the sweep to a cluster with GPUs (--address)")
     return Plan(spec, cells, root, notes)

@@ -236,6 +236,10 @@ def run_sweep(spec_path: str, overrides: list[str] | None = None, address: str |
               tracking_uri: str | None = None) -> int:
     """Validate, plan and run a sweep; returns 0 when every cell finished."""
     plan = prepare(spec_path, overrides)
+    if address is None and plan.summary()["concurrent_here"] == 0:
+        raise UserError(f"resources.gpus={plan.spec.resources.gpus:g} per trial, but this machine has no GPU for "
+                        "the embedded Ray: every trial would wait forever; run with --address on a cluster with "
+                        "GPUs, or set resources.gpus: 0")
     payload = write_plan(plan)
     restore = (plan.root / "ray" / "tune").is_dir()
     if not restore:

@@ -1,6 +1,7 @@
 """What a sweep tells the researcher before and while it runs: plan summary, time estimate, progress lines."""
 
 import io
+import os
 from types import SimpleNamespace
 
 from sweeps.estimate import estimate_sweep, estimate_text
@@ -61,3 +62,19 @@ def test_no_estimate_for_optuna_says_why(tmp_path):
                         "search: {{kind: optuna, n_trials: 3, space: {{optim.lr: {{low: 1.0e-4, high: 1.0e-2}}}}}}")
     est = estimate_sweep(_plan(tmp_path, spec))
     assert "total_s" not in est and "sampled" in est["reason"]
+
+
+def test_fractional_gpus_plan_and_refuse_a_machine_without_gpus(tmp_path, monkeypatch):
+    import sweeps.plan as plan_mod
+    from hdrope.console import main
+
+    spec = GRID.replace("resources: {{cpus: 1}}", "resources: {{cpus: 0.5, gpus: 0.25}}")
+    monkeypatch.setattr(plan_mod, "local_gpus", lambda: 1)  # pure planning logic: one GPU, 0.25 per trial
+    assert _plan(tmp_path, spec).summary()["concurrent_here"] == min(4, int((os.cpu_count() or 1) // 0.5))
+    monkeypatch.setattr(plan_mod, "local_gpus", lambda: 0)
+    plan = _plan(tmp_path, spec)
+    assert plan.summary()["concurrent_here"] == 0 and any("no GPU" in w for w in plan.warnings)
+    path = tmp_path / "gpu.yaml"
+    path.write_text(spec.format(storage=tmp_path))
+    assert main(["sweep", "run", str(path)]) == 2  # refused before Ray: it would hang PENDING forever
+    assert not (tmp_path / "est" / "plan.json").exists()
