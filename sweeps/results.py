@@ -4,7 +4,8 @@ Columns: sweep, cell_id, trained_cell (the cell that actually trained), dedup_of
 (FINISHED | FAILED | RUNNING | PENDING | CORRUPT), error, config_hash, the encoding identity of the cell
 (`trainer.position.encoding_identity`: pe_kind, pe_label, rotation_dim, basis, basis_seed, theta,
 scaling), seed, steps, run_dir, the axis values (one string column per axis key, named by the dotted
-key), and every final metric the cells planned or produced (val_loss_x16 included when configured).
+key), and every final metric the cells planned or produced (val_loss_x16 included when configured; the
+lm_<task>_<metric> columns of `hdrope eval lm-eval` when a cell was evaluated).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pyarrow.parquet as pq
 from hdrope.errors import UserError
 from trainer.config import BASE_METRICS, metric_names
 from trainer.position import IDENTITY_COLUMNS, encoding_identity
-from trainer.run_files import RUN_FILE, read_result
+from trainer.run_files import RUN_FILE, read_lm_eval, read_result
 
 __all__ = ["cell_rows", "write_results"]
 
@@ -42,6 +43,11 @@ def _row(name: str, cell_id: str, trained_dir: Path, cfg, dedup_of: str | None, 
          values: dict[str, Any]) -> dict[str, Any]:
     status, error, result = _status(trained_dir)
     metrics = result.get("metrics") or {}
+    if status == "FINISHED":
+        try:
+            metrics = {**metrics, **read_lm_eval(trained_dir)}  # downstream benchmarks (`hdrope eval lm-eval`)
+        except UserError as err:
+            status, error = "CORRUPT", str(err)
     return {
         **{k: json.dumps(v) if isinstance(v, (list, dict)) else str(v) for k, v in values.items()},
         "sweep": name, "cell_id": cell_id, "trained_cell": trained_dir.name, "dedup_of": dedup_of,

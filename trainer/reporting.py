@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MLflowReporter", "ProgressReporter", "Reporter", "Reporters", "log_params"]
+__all__ = ["MLflowReporter", "ProgressReporter", "Reporter", "Reporters", "log_eval_metrics", "log_params"]
 
 
 def log_params(client, run_id: str, params: dict[str, Any]) -> None:
@@ -130,3 +130,28 @@ class MLflowReporter(Reporter):
         if error:
             self.client.set_tag(self.run_id, "error", error[:5000])
         self.client.set_terminated(self.run_id, status)
+
+
+def log_eval_metrics(tracking_uri: str, config_hash: str, metrics: dict[str, float], step: int,
+                     experiment: str, run_name: str) -> list[str]:
+    """Log an evaluation's metrics at `step` to every MLflow run of this configuration (found by its config_hash
+    tag: a sweep cell's run, a `hdrope train` run), or to a new run in `experiment`; returns the run ids."""
+    import time
+
+    import mlflow
+    from mlflow.entities import Metric
+
+    client = mlflow.MlflowClient(tracking_uri)
+    exps = [e.experiment_id for e in client.search_experiments()]
+    runs = [r.info.run_id for r in client.search_runs(exps, f"tags.config_hash = '{config_hash}'")] if exps else []
+    if not runs:
+        exp = client.get_experiment_by_name(experiment)
+        exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
+        run = client.create_run(exp_id, run_name=run_name, tags={"config_hash": config_hash})
+        client.set_terminated(run.info.run_id)
+        runs = [run.info.run_id]
+    now = int(time.time() * 1000)
+    for run_id in runs:
+        client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+    return runs
+

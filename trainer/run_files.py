@@ -3,6 +3,7 @@
     run.json        {"config_hash", "name"}: written when a run starts; a directory belongs to one configuration
     metrics.jsonl   one JSON object per report, {"step": s, metric: value, ...}; each metric at most once per step
     result.json     the final result (config hash, step, stop reason, every final metric)
+    lm_eval.json    downstream benchmark results of `hdrope eval lm-eval` (flat lm_<task>_<metric> under "metrics")
 
 A resumed run cuts metrics.jsonl back to the step it resumes from, so the file always equals the
 one an uninterrupted run writes. Readers tolerate a last line that is still being written.
@@ -19,6 +20,7 @@ from typing import Any
 from hdrope.errors import UserError
 
 __all__ = [
+    "LM_EVAL_FILE",
     "METRICS_FILE",
     "RESULT_FILE",
     "RUN_FILE",
@@ -26,13 +28,14 @@ __all__ = [
     "claim_run_dir",
     "default_out_dir",
     "metrics_at",
+    "read_lm_eval",
     "read_metrics",
     "read_result",
     "truncate_metrics",
     "write_json_atomic",
 ]
 
-RUN_FILE, METRICS_FILE, RESULT_FILE = "run.json", "metrics.jsonl", "result.json"
+RUN_FILE, METRICS_FILE, RESULT_FILE, LM_EVAL_FILE = "run.json", "metrics.jsonl", "result.json", "lm_eval.json"
 
 
 def default_out_dir(name: str, config_hash: str) -> Path:
@@ -63,6 +66,16 @@ def read_result(run_dir: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     return _read_json(path, "result.json", "delete it and resume the run (`hdrope sweep resume` or `hdrope train`)")
+
+
+def read_lm_eval(run_dir: Path) -> dict[str, float]:
+    """The flat lm_eval metrics of a run ({} when it was not evaluated); UserError naming a corrupt file."""
+    path = Path(run_dir) / LM_EVAL_FILE
+    if not path.is_file():
+        return {}
+    data = _read_json(path, "lm_eval.json", "delete it and run `hdrope eval lm-eval` again")
+    metrics = data.get("metrics") if isinstance(data.get("metrics"), dict) else {}
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def claim_run_dir(run_dir: Path, config_hash: str, name: str) -> None:

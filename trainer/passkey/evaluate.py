@@ -16,32 +16,18 @@ from typing import Any
 
 import pandas as pd
 import torch
-from omegaconf import OmegaConf
 
 from hdrope.errors import UserError
-from trainer.checkpoint import load_checkpoint
 from trainer.config import config_hash
 from trainer.generate import greedy_generate
-from trainer.model import Llama
 from trainer.passkey.builder import FILE_NAME
 from trainer.passkey.prompt import first_integer, stop_after_number
 from trainer.position import encoding_identity
-from trainer.presets import merge_config
+from trainer.trained import load_trained, run_config, run_tokenizer
 
 __all__ = ["evaluate_dataset"]
 
 _REBUILD = "rebuild the dataset with `hdrope passkey build`"
-
-
-def _model_tokenizer(cfg):
-    from trainer.tokenizer import load_tokenizer
-
-    texts = None
-    if cfg.data.tokenizer == "bpe":
-        from trainer.corpus import load_corpus
-
-        texts = load_corpus(cfg.data).train
-    return load_tokenizer(cfg.data.tokenizer, texts, cfg.data.bpe_vocab_size, cfg.data.cache_dir)
 
 
 def _check_args(out: Path | None, max_lines_per_file: int) -> None:
@@ -109,18 +95,13 @@ def evaluate_dataset(checkpoint: Path, dataset: Path, out: Path | None = None, m
     """Score every (or the first N per file) line; write and return the Parquet table."""
     _check_args(out, max_lines_per_file)
     meta = _read_meta(dataset)
-    cfg_path = checkpoint.parent.parent / "config.yaml"
-    if not cfg_path.is_file():
-        raise UserError(f"{checkpoint}: no config.yaml two levels up; pass a checkpoint inside a run directory")
-    cfg = merge_config([OmegaConf.load(cfg_path)], where=str(cfg_path))
-    tok = _model_tokenizer(cfg)
+    cfg = run_config(checkpoint)
+    tok = run_tokenizer(cfg)
     if tok.identity != meta["tokenizer"]:
         raise UserError(f"{dataset} was built with tokenizer {meta['tokenizer']} but the model uses {tok.identity}; "
                          "rebuild the dataset with the model's tokenizer")
     files = _dataset_files(dataset, max_lines_per_file)
-    model = Llama(cfg.model)
-    load_checkpoint(checkpoint, model)
-    model.eval()
+    model = load_trained(checkpoint, cfg, tok).model
     stop = stop_after_number(tok)
     rows = []
     from tqdm import tqdm
