@@ -201,9 +201,10 @@ def ui_main(argv: list[str]) -> int:
         from sweeps.runner import find_sweep
         from sweeps.tracking import default_tracking_uri
 
-        uri = default_tracking_uri(Path(find_sweep(a.name, a.storage)["root"]))
+        payload = find_sweep(a.name, a.storage)
+        uri, experiment = default_tracking_uri(Path(payload["root"])), payload["name"]
     elif a.tracking_uri:
-        uri = a.tracking_uri
+        uri, experiment = a.tracking_uri, ""
     else:
         raise UserError("give a sweep NAME or --tracking-uri")
-    return serve_forever(uri, a.host, a.port)
+    return serve_forever(uri, a.host, a.port, experiment)

@@ -35,14 +35,22 @@ def start_server(backend_uri: str, host: str = "127.0.0.1", port: int = 5000, ti
     raise RuntimeError(f"mlflow server did not answer at {url} within {timeout:.0f} s")
 
 
-def serve_forever(backend_uri: str, host: str = "127.0.0.1", port: int = 5000) -> int:
-    """Run the MLflow UI until interrupted, printing its URL."""
+def serve_forever(backend_uri: str, host: str = "127.0.0.1", port: int = 5000, experiment: str = "") -> int:
+    """Run the MLflow UI until interrupted, printing its URL (and the runs page of `experiment` when given)."""
     try:
         proc, url = start_server(backend_uri, host, port)
     except RuntimeError as err:
         raise UserError(f"could not start the MLflow UI on {host}:{port} ({str(err)[:300]}); "
                          "if the port is taken, pick another with --port") from None
     print(f"MLflow UI for {backend_uri}: {url}  (Ctrl-C to stop)", flush=True)
+    if experiment:
+        import mlflow
+
+        from sweeps.tracking import runs_page
+
+        found = mlflow.MlflowClient(url).get_experiment_by_name(experiment)
+        if found is not None:
+            print(f"runs of {experiment}: {runs_page(url, found.experiment_id)}", flush=True)
     try:
         return proc.wait()
     except KeyboardInterrupt:

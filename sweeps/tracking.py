@@ -17,8 +17,15 @@ from typing import Any
 
 from trainer.reporting import log_params
 
-__all__ = ["EXPERIMENT_KIND_TAG", "MODEL_TRAINING", "SweepTracker", "cell_run_name", "default_tracking_uri",
-           "git_commit"]
+__all__ = [
+    "EXPERIMENT_KIND_TAG",
+    "MODEL_TRAINING",
+    "SweepTracker",
+    "cell_run_name",
+    "default_tracking_uri",
+    "git_commit",
+    "runs_page",
+]
 
 EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"  # MLflow 3 UI
 
@@ -32,6 +39,13 @@ def cell_run_name(identity: dict[str, Any], seed: int, values: dict[str, Any], s
     skip = {"model.pe.kind", "model.pe.rotation_dim", "model.pe.basis", "model.pe.theta", *seed_axes}
     parts += [f"{k.rsplit('.', 1)[-1]}{v}" for k, v in values.items() if k not in skip]
     return "-".join(parts)[:250]
+
+
+def runs_page(base_url: str, experiment_id: str, metric: str = "val_loss") -> str:
+    """The MLflow UI page of a sweep's runs: the model-training view (not the GenAI traces overview), every
+    cell's run listed flat (not folded under the parent) and ordered by `metric`, best first."""
+    return (f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+            f"&orderByKey=metrics.%60{metric}%60&orderByAsc=true")
 
 
 def default_tracking_uri(root: Path) -> str:
