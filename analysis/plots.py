@@ -5,6 +5,7 @@ never changes the backend (notebooks keep rendering inline) and nothing opens a 
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib.ticker
@@ -18,8 +19,9 @@ __all__ = ["line_figure", "panel_figure", "polar_fan", "save"]
 def save(fig, path: Path) -> Path:
     """Write fig as PNG (150 dpi) and close it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=150)
+    if fig.get_layout_engine() is None:  # figures built with a layout engine (constrained) keep theirs
+        fig.tight_layout()
+    fig.savefig(path, dpi=150, bbox_inches="tight")  # nothing cut off at the edges
     return path
 
 
@@ -65,7 +67,7 @@ def panel_figure(panels: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]], xl
 
 def polar_fan(table: pd.DataFrame, title: str):
     """Passkey accuracy as a fan: radius = context length (tokens), angle = relative key depth (0..1 over 90°)."""
-    fig = Figure(figsize=(5, 5))
+    fig = Figure(figsize=(7, 6), layout="constrained")
     ax = fig.add_subplot(projection="polar")
     lengths = np.sort(table["target_length"].unique())
     depths = np.sort(table["depth_target"].unique())
@@ -76,7 +78,10 @@ def polar_fan(table: pd.DataFrame, title: str):
     mesh = ax.pcolormesh(angle_edges, r_edges, acc, cmap="viridis", vmin=0, vmax=1, shading="flat")
     ax.set_thetamin(0)
     ax.set_thetamax(90)
-    ax.set_title(title)
-    ax.set_xlabel("context length (tokens, radius); key depth (angle, 0° = start, 90° = end)")
-    fig.colorbar(mesh, ax=ax, label="passkey accuracy", shrink=0.7)
+    ax.set_thetagrids([0, 22.5, 45, 67.5, 90], ["0", "0.25", "0.5", "0.75", "1"])
+    ax.set_rticks(lengths[:: max(1, len(lengths) // 4)])
+    ax.tick_params(axis="y", labelsize=8)
+    caption = "radius: context length (tokens); angle: relative key depth (0 = start, 1 = end)"
+    ax.set_title("\n".join([*textwrap.wrap(title, 48), caption]), pad=18, fontsize=10)
+    fig.colorbar(mesh, ax=ax, label="passkey accuracy", shrink=0.6, pad=0.1)
     return fig
