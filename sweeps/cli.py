@@ -14,6 +14,7 @@ from hdrope.errors import UserError
 __all__ = ["sweep_main", "ui_main"]
 
 DEFAULT_STORAGE = "runs/sweeps"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def _plan(a: argparse.Namespace) -> int:
@@ -194,7 +195,16 @@ def ui_main(argv: list[str]) -> int:
     p.add_argument("--tracking-uri", default="", help="a backend store URI instead of a sweep's")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; anything else exposes it)")
     p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--allowed-hosts", default="", help="MLflow's Host-header guard, e.g. 'lab-box,lab-box:5000' "
+                   "(required with a --host other than loopback)")
     a = p.parse_args(argv)
+    if a.host not in LOOPBACK:
+        if not a.allowed_hosts:
+            raise UserError(f"--host {a.host} exposes the MLflow UI (no login) beyond this machine; pass "
+                            "--allowed-hosts with the names clients use (MLflow's DNS-rebinding guard), or keep the "
+                            "default --host 127.0.0.1 and use an SSH tunnel")
+        print(f"warning: the MLflow UI listens on {a.host}:{a.port}, reachable from other machines; it has no "
+              "login", file=sys.stderr)
     from sweeps.mlflow_server import serve_forever
 
     if a.name:
@@ -207,4 +217,4 @@ def ui_main(argv: list[str]) -> int:
         uri, experiment = a.tracking_uri, ""
     else:
         raise UserError("give a sweep NAME or --tracking-uri")
-    return serve_forever(uri, a.host, a.port, experiment)
+    return serve_forever(uri, a.host, a.port, experiment, a.allowed_hosts)

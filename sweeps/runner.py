@@ -22,10 +22,12 @@ from omegaconf import OmegaConf
 
 from hdrope.errors import UserError
 from sweeps.plan import Plan, make_plan
+from sweeps.procs import exit_on_signals, loopback_ray, start_watchdog
 from sweeps.results import cell_rows, write_results
 from sweeps.spec import SweepSpec, check_name, load_spec
 from sweeps.tracking import SweepTracker, default_tracking_uri, git_commit
 from sweeps.trainable import plan_payload, read_payload, run_trial
+from trainer.reporting import check_tracking_uri
 from trainer.run_files import METRICS_FILE, read_metrics, write_json_atomic
 
 __all__ = ["find_sweep", "prepare", "resume_sweep", "run_sweep", "write_plan"]
@@ -69,20 +71,33 @@ def find_sweep(name: str, storage: str = "runs/sweeps") -> dict[str, Any]:
     return read_payload(path)
 
 
-def _init_ray(address: str | None, spec: SweepSpec) -> None:
+def _init_ray(address: str | None, spec: SweepSpec) -> bool:
+    """Join the cluster at `address`, or start an embedded single-node Ray on loopback; True if started here.
+
+    The embedded Ray binds 127.0.0.1 only, keeps token auth on (Ray's default), lives under
+    $HDROPE_RAY_TMPDIR when set, and is watched: if this driver is killed, its processes are stopped."""
     import ray
 
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "1")
+    os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")  # Ctrl-C ends the driver (exit 130); resume finishes
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")  # frequent ckpts are fine
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # only the JSON log added below: no TensorBoard
     if ray.is_initialized():
-        return
+        return False
     kwargs: dict[str, Any] = {"dashboard_host": "127.0.0.1", "log_to_driver": True, "configure_logging": True,
                               "logging_level": "warning"}
     if address:
         ray.init(address=address, **kwargs)
-    else:
-        ray.init(**kwargs)  # embedded local Ray with the machine's CPUs; token auth stays at Ray's default (on)
+        exit_on_signals()  # ray.init replaced the SIGTERM handler with an exit code of 15
+        return False
+    if os.environ.get("HDROPE_RAY_TMPDIR"):
+        kwargs["_temp_dir"] = os.environ["HDROPE_RAY_TMPDIR"]
+    start_watchdog()
+    with loopback_ray() as loopback:
+        ray.init(**kwargs, **loopback)
+    exit_on_signals()
+    return True
 
 
 def _tuner(payload: dict[str, Any], spec: SweepSpec, uri: str, restore: bool):
@@ -207,7 +222,17 @@ def _execute(payload: dict[str, Any], spec: SweepSpec, address: str | None, uri:
     tracker.describe(spec.description, {"sweep": spec.name, "git_commit": git_commit(), "base": spec.base,
                                         "axes": ", ".join(payload.get("axes", []))})
     tracker.parent_run({"spec": payload["spec"][:6000], "cells": len(payload["cells"])})
-    _init_ray(address, spec)
+    started = _init_ray(address, spec)
+    try:
+        return _fit_and_reconcile(payload, spec, uri, restore)
+    finally:
+        if started:  # what the lab starts, it stops
+            import ray
+
+            ray.shutdown()
+
+
+def _fit_and_reconcile(payload: dict[str, Any], spec: SweepSpec, uri: str, restore: bool) -> int:
     tuner = _tuner(payload, spec, uri, restore)
     # Every path is absolute; work from the sweep dir so a job's shipped working dir may be cleaned up under us.
     try:
@@ -229,29 +254,34 @@ def _execute(payload: dict[str, Any], spec: SweepSpec, address: str | None, uri:
 
 
 def _uri(spec: SweepSpec, root: Path, tracking_uri: str | None) -> str:
-    return tracking_uri or spec.tracking_uri or default_tracking_uri(root)
+    uri = tracking_uri or spec.tracking_uri or default_tracking_uri(root)
+    check_tracking_uri(uri, "--tracking-uri" if tracking_uri else "tracking_uri")  # before Ray starts
+    return uri
 
 
 def run_sweep(spec_path: str, overrides: list[str] | None = None, address: str | None = None,
               tracking_uri: str | None = None) -> int:
     """Validate, plan and run a sweep; returns 0 when every cell finished."""
+    exit_on_signals()
     plan = prepare(spec_path, overrides)
     if address is None and plan.summary()["concurrent_here"] == 0:
         raise UserError(f"resources.gpus={plan.spec.resources.gpus:g} per trial, but this machine has no GPU for "
                         "the embedded Ray: every trial would wait forever; run with --address on a cluster with "
                         "GPUs, or set resources.gpus: 0")
+    uri = _uri(plan.spec, plan.root, tracking_uri)
     payload = write_plan(plan)
     restore = (plan.root / "ray" / "tune").is_dir()
     if not restore:
         from sweeps.estimate import estimate_text
 
         print(estimate_text(plan), file=sys.stderr, flush=True)
-    return _execute(payload, plan.spec, address, _uri(plan.spec, plan.root, tracking_uri), restore)
+    return _execute(payload, plan.spec, address, uri, restore)
 
 
 def resume_sweep(name: str, storage: str = "runs/sweeps", address: str | None = None,
                  tracking_uri: str | None = None) -> int:
     """Finish a sweep whose driver died: restore Tune's state, resume errored and unfinished trials."""
+    exit_on_signals()
     payload = find_sweep(name, storage)
     spec = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SweepSpec), OmegaConf.create(payload["spec"])))
     root = Path(payload["root"])

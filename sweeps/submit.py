@@ -27,7 +27,11 @@ def _client(address: str):
 
     if "RAY_AUTH_MODE" not in os.environ and (Path.home() / ".ray" / "auth_token").is_file():
         os.environ["RAY_AUTH_MODE"] = "token"
-    return JobSubmissionClient(address)
+    try:
+        return JobSubmissionClient(address)
+    except ConnectionError as err:
+        raise UserError(f"--address {address}: no Ray dashboard answers there ({str(err)[:200]}); start the cluster "
+                        "(`ray start --head`) or give its dashboard address, e.g. http://HEAD:8265") from None
 
 
 def submit_sweep(spec_path: str, address: str, overrides: list[str] | None = None, working_dir: str = ".") -> str:

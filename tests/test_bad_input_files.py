@@ -116,6 +116,19 @@ CASES = [
     ("theory-head-dim-zero", nothing, [*THEORY, "--head-dim", "0"], "--head-dim 0: must be a positive number"),
     ("theory-head-dim-odd", nothing, [*THEORY, "--head-dim", "63", "--rotation-dim", "2"],
      "--head-dim 63: must be even"),
+    # tracking stores, servers and clusters that cannot be used (checked before anything starts)
+    ("train-tracking-uri-under-a-file", write("afile.txt", "x"),
+     ["train", "tiny", "--tracking-uri", "sqlite:///{tmp}/afile.txt/mlflow.db"],
+     "--tracking-uri sqlite:///{tmp}/afile.txt/mlflow.db: {tmp}/afile.txt is a file"),
+    ("sweep-tracking-uri-under-a-file", write("afile.txt", "x"),
+     ["sweep", "run", "{tmp}/s.yaml", "--tracking-uri", "sqlite:///{tmp}/afile.txt/m.db"],
+     "--tracking-uri sqlite:///{tmp}/afile.txt/m.db: {tmp}/afile.txt is a file"),
+    ("submit-to-a-closed-port", nothing, ["sweep", "submit", "{tmp}/s.yaml", "--address", "http://127.0.0.1:9",
+                                          "--working-dir", "{tmp}"],
+     "--address http://127.0.0.1:9: no Ray dashboard answers there"),
+    ("ui-on-all-interfaces-without-allowed-hosts", nothing,
+     ["ui", "--tracking-uri", "sqlite:///{tmp}/m.db", "--host", "0.0.0.0"],
+     "--host 0.0.0.0 exposes the MLflow UI (no login) beyond this machine; pass --allowed-hosts"),
 ]
 
 
@@ -135,10 +148,24 @@ def originals(cache_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture
 def work(originals, tmp_path) -> Path:
-    """This test's own copy of the run and the dataset, free to spoil."""
+    """This test's own copy of the run and the dataset, free to spoil, and a valid tiny sweep spec `s.yaml`."""
     for name in ("run", "ds"):
         shutil.copytree(originals / name, tmp_path / name)
+    (tmp_path / "s.yaml").write_text(f"name: s\nbase: tiny\nstorage: {tmp_path / 'store'}\n"
+                                     "axes: {model.pe.rotation_dim: [2, 4]}\n")
     return tmp_path
+
+
+def test_ui_on_a_taken_port_exits_2_naming_it(work):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = hdrope(["ui", "--tracking-uri", f"sqlite:///{work}/m.db", "--port", str(port)], work)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert f"--port {port}: 127.0.0.1:{port} is already in use" in out.stderr
 
 
 def test_the_untouched_copies_evaluate(work):

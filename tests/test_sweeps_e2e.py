@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -57,13 +58,34 @@ def write_spec(tmp_path, name, uri="", steps=20, batch=8, ckpt=10, dims="[2, 4]"
     return path
 
 
+def ray_env(extra: dict | None = None) -> dict:
+    """This test's environment: its embedded Ray lives in a temp dir of its own (short: Unix socket paths)."""
+    return {**os.environ, "HDROPE_RAY_TMPDIR": tempfile.mkdtemp(prefix="hdray-"), **(extra or {})}
+
+
 def hdrope(*args, cwd, timeout=600, env=None, **kw):
+    """`hdrope ...` in a subprocess; a sweep driver shuts down the Ray it started (and its watchdog stops the rest)."""
     return subprocess.run([sys.executable, "-m", "hdrope.console", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=env, **kw)
+                          timeout=timeout, env=env or ray_env(), **kw)
 
 
-def ray_stop():
-    subprocess.run(["ray", "stop", "--force"], capture_output=True, timeout=120)
+def alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def stop_cluster(*temp_dirs: str) -> None:
+    """Stop only the Ray cluster this test started: the processes naming its temp dirs, and their children."""
+    from sweeps.procs import stop_tree
+
+    stop_tree([p for p in psutil.process_iter(["cmdline"])
+               if any(d in " ".join(p.info["cmdline"] or []) for d in temp_dirs)])
 
 
 def cell_runs(uri: str, sweep: str):
@@ -136,19 +158,64 @@ def test_ui_serves_a_sweep_store_on_localhost(tmp_path):
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search?max_results=5",
                                       timeout=10).read().decode()
         assert "uisweep" in body
+        server = psutil.Process(proc.pid).children(recursive=True)
+        assert server  # mlflow server, uvicorn, job consumers
+        proc.send_signal(signal.SIGTERM)  # what `hdrope ui` started, it stops
+        assert proc.wait(60) == 143
+        _wait_for(lambda: not alive(server), 20, "the MLflow server's processes to stop")
+        from sweeps.mlflow_server import port_in_use
+
+        assert not port_in_use("127.0.0.1", port)
     finally:
-        for child in psutil.Process(proc.pid).children(recursive=True):
+        for child in alive(psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []):
             child.kill()
         proc.kill()
 
 
-def _trial_workers() -> list[psutil.Process]:
+def _trial_workers(driver_pid: int) -> list[psutil.Process]:
+    """The trial workers of this test's sweep driver (never another Ray's on the machine)."""
     found = []
-    for p in psutil.process_iter(["cmdline", "name"]):
-        text = " ".join(p.info["cmdline"] or []) + " " + (p.info["name"] or "")
+    for p in psutil.Process(driver_pid).children(recursive=True):
+        try:
+            text = " ".join(p.cmdline()) + " " + p.name()
+        except psutil.Error:
+            continue
         if "run_trial" in text or "ImplicitFunc" in text:
             found.append(p)
     return found
+
+
+LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
+
+
+def _listening(p: psutil.Process) -> list:
+    try:
+        return [c for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    except psutil.Error:
+        return []
+
+
+def test_sigterm_ends_the_driver_with_143_and_stops_its_ray(tmp_path, cache_dir):
+    spec = write_spec(tmp_path, "term", steps=3000, batch=8, ckpt=500, dims="[4]", bases="[paley]")
+    proc = subprocess.Popen([sys.executable, "-m", "hdrope.console", "sweep", "run", str(spec)], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ray_env())
+    cell = tmp_path / "store" / "term" / "cells" / "c000-rotation_dim4-basispaley"
+    try:
+        _wait_for(lambda: (cell / "metrics.jsonl").is_file(), 240, "the trial to report")
+        tree = [p for p in psutil.Process(proc.pid).children(recursive=True) if "procs" not in " ".join(_cmdline(p))]
+        assert len(tree) >= 3  # GCS, raylet, agents, the trial worker
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 143
+        _wait_for(lambda: not alive(tree), 30, "every Ray process of the driver to stop")
+    finally:
+        proc.kill()
 
 
 def _wait_for(predicate, timeout, what):
@@ -169,17 +236,16 @@ def test_killed_trial_recovers_from_its_checkpoint_with_the_same_final_loss(tmp_
     spec = write_spec(tmp_path, "kill", steps=150, batch=16, ckpt=15, dims="[4]", bases="[paley]")
     cell_dir = tmp_path / "store" / "kill" / "cells" / "c000-rotation_dim4-basispaley"
     proc = subprocess.Popen([sys.executable, "-m", "hdrope.console", "sweep", "run", str(spec)], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ray_env())
     try:
         _wait_for(lambda: (cell_dir / "checkpoints" / "step_00000045").is_dir(), 240, "a checkpoint at step 45")
-        workers = _trial_workers()
+        workers = _trial_workers(proc.pid)
         assert workers, "no trial worker process found"
         for w in workers:
             w.send_signal(signal.SIGKILL)
         out, _ = proc.communicate(timeout=400)
     finally:
         proc.kill()
-        ray_stop()
     assert proc.returncode == 0, out[-3000:]
     result = json.loads((cell_dir / "result.json").read_text())
     assert result["resumed_from"] is not None and result["resumed_from"] >= 15  # restarted from a checkpoint
@@ -200,17 +266,21 @@ def test_killed_driver_then_resume_finishes_without_rerunning(tmp_path, cache_di
     cells = tmp_path / "store" / "drv" / "cells"
     first, second = cells / "c000-rotation_dim4-basisidentity", cells / "c001-rotation_dim8-basisidentity"
     proc = subprocess.Popen([sys.executable, "-m", "hdrope.console", "sweep", "run", str(spec)], cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ray_env())
     try:
         _wait_for(lambda: (first / "result.json").is_file() and (second / "checkpoints" / "step_00000020").is_dir(),
                   300, "one finished cell and a checkpoint of the next")
-        os.killpg(proc.pid, signal.SIGKILL)  # the driver and the embedded Ray it started
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        listening = [c for p in tree for c in _listening(p)]
+        assert listening and all(c.laddr.ip in LOOPBACK for c in listening), listening  # embedded Ray: loopback
+        proc.send_signal(signal.SIGKILL)  # the driver alone: its watchdog must stop the Ray it started
         proc.wait(60)
+        _wait_for(lambda: not alive([p for p in tree if "procs" not in " ".join(_cmdline(p))]), 30,
+                  "the killed driver's Ray processes to be stopped by its watchdog")
     finally:
-        ray_stop()
+        proc.kill()
     done_before = (first / "result.json").stat().st_mtime_ns, (first / "metrics.jsonl").read_text()
     out = hdrope("sweep", "resume", "drv", "--storage", str(tmp_path / "store"), cwd=tmp_path)
-    ray_stop()
     assert out.returncode == 0, out.stderr[-3000:]
     assert ((first / "result.json").stat().st_mtime_ns, (first / "metrics.jsonl").read_text()) == done_before
     assert json.loads((second / "result.json").read_text())["resumed_from"] is not None
@@ -223,21 +293,23 @@ def test_killed_driver_then_resume_finishes_without_rerunning(tmp_path, cache_di
 def test_two_node_cluster_runs_a_submitted_sweep(tmp_path, cache_dir):
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
     gcs, dash = free_port(), free_port()
+    head_dir, worker_dir = tempfile.mkdtemp(prefix="hdrh-"), tempfile.mkdtemp(prefix="hdrw-")
+    repo = Path(__file__).resolve().parent.parent
+    before = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True).stdout
     try:
         head = subprocess.run(["ray", "start", "--head", f"--port={gcs}", "--dashboard-host=127.0.0.1",
-                               f"--dashboard-port={dash}", "--num-cpus=1", "--include-dashboard=true"],
-                              env=env, capture_output=True, text=True, timeout=180)
+                               f"--dashboard-port={dash}", "--num-cpus=1", "--include-dashboard=true",
+                               f"--temp-dir={head_dir}"], env=env, capture_output=True, text=True, timeout=180)
         assert head.returncode == 0, head.stderr[-2000:]
         worker = subprocess.run(["ray", "start", f"--address=127.0.0.1:{gcs}", "--num-cpus=1",
-                                 f"--temp-dir=/tmp/ray_w{gcs}"], env=env, capture_output=True, text=True, timeout=180)
+                                 f"--temp-dir={worker_dir}"], env=env, capture_output=True, text=True, timeout=180)
         assert worker.returncode == 0, worker.stderr[-2000:]
-        spec = Path(__file__).resolve().parent.parent / f".test-two-node-{gcs}.yaml"
+        job_dir = tmp_path / "job"  # the job's working dir: the spec alone (the code is installed on the nodes)
+        job_dir.mkdir()
+        spec = job_dir / "twonode.yaml"
         spec.write_text(write_spec(tmp_path, "twonode").read_text())
-        try:
-            out = hdrope("sweep", "submit", str(spec), "--address", f"http://127.0.0.1:{dash}",
-                         cwd=spec.parent, env=env, timeout=300)
-        finally:
-            spec.unlink()
+        out = hdrope("sweep", "submit", str(spec), "--address", f"http://127.0.0.1:{dash}", "--working-dir",
+                     str(job_dir), cwd=tmp_path, env=env, timeout=300)
         assert out.returncode == 0, out.stderr[-3000:]
         job_id = out.stdout.strip().splitlines()[-1]
         assert job_id.startswith("raysubmit_")
@@ -253,7 +325,8 @@ def test_two_node_cluster_runs_a_submitted_sweep(tmp_path, cache_dir):
         _, runs, _ = cell_runs(f"sqlite:///{tmp_path / 'store' / 'twonode' / 'mlflow.db'}", "twonode")
         assert len(runs) == 4 and all(r.info.status == "FINISHED" for r in runs)
     finally:
-        ray_stop()
+        stop_cluster(head_dir, worker_dir)
+    assert subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True).stdout == before
 
 
 def test_optuna_search_runs_and_keeps_its_study_in_a_journal(tmp_path, cache_dir):
@@ -272,7 +345,6 @@ search:
 resources: {{cpus: 1}}
 """)
     out = hdrope("sweep", "run", str(spec), cwd=tmp_path)
-    ray_stop()
     assert out.returncode == 0, out.stderr[-3000:]
     import optuna
     from optuna.storages import JournalStorage
@@ -304,7 +376,6 @@ resources: {{cpus: 1}}
 max_failures: 1
 """)
     out = hdrope("sweep", "run", str(spec), cwd=tmp_path)
-    ray_stop()
     assert out.returncode == 1, out.stderr[-3000:]  # the sweep ran to the end and says a cell failed
     assert "1 cells finished, 1 failed" in out.stderr
     _, runs, parents = cell_runs(f"sqlite:///{tmp_path / 'store' / 'fail' / 'mlflow.db'}", "fail")

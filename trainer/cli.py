@@ -24,8 +24,10 @@ def train_main(argv: list[str]) -> int:
     from trainer.config import config_hash
     from trainer.loop import TrainingDiverged, train
     from trainer.presets import load_config
-    from trainer.reporting import MLflowReporter, ProgressReporter, Reporters
+    from trainer.reporting import MLflowReporter, ProgressReporter, Reporters, check_tracking_uri
 
+    if args.tracking_uri:
+        check_tracking_uri(args.tracking_uri)
     cfg = load_config(args.config, args.overrides)
     reporters = [] if args.no_progress else [ProgressReporter()]
     if args.tracking_uri:

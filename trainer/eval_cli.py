@@ -17,9 +17,11 @@ def _lm_eval(a: argparse.Namespace) -> int:
         from trainer.lm_harness import run_lm_eval
     except ImportError as err:
         raise UserError(f"lm-evaluation-harness is not installed ({err}); `pip install -e '.[eval]'`") from None
-    from trainer.reporting import log_eval_metrics
+    from trainer.reporting import check_tracking_uri, log_eval_metrics
     from trainer.trained import run_config
 
+    if a.tracking_uri:
+        check_tracking_uri(a.tracking_uri)
     tasks = [t for t in a.tasks.split(",") if t]
     metrics = run_lm_eval(Path(a.checkpoint), tasks, a.include_path or None, a.limit or None, a.max_length or None)
     print(json.dumps(metrics, indent=1))

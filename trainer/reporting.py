@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hdrope.errors import UserError
+
 __all__ = ["MLflowReporter", "ProgressReporter", "Reporter", "Reporters", "log_eval_metrics", "log_params"]
 
 
@@ -154,4 +156,22 @@ def log_eval_metrics(tracking_uri: str, config_hash: str, metrics: dict[str, flo
     for run_id in runs:
         client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
     return runs
+
+
+def check_tracking_uri(uri: str, flag: str = "--tracking-uri") -> None:
+    """UserError naming the flag when a local MLflow store (sqlite:/// or file:/ path) cannot be created where asked."""
+    from urllib.parse import urlparse
+
+    if not uri or uri.startswith(("http://", "https://", "databricks")):
+        return
+    parsed = urlparse(uri)
+    path = Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else Path(parsed.path or uri)
+    if uri.startswith("sqlite:") and not uri.startswith("sqlite:///"):
+        raise UserError(f"{flag} {uri}: a SQLite store is sqlite:///ABSOLUTE/PATH/mlflow.db (three slashes)")
+    for parent in [path, *path.parents]:
+        if parent.exists():
+            if parent != path and not parent.is_dir():
+                raise UserError(f"{flag} {uri}: {parent} is a file, so the store cannot be created under it; "
+                                "point the URI at a directory path")
+            break
 

@@ -1,0 +1,105 @@
+"""What the lab starts, it stops: signals, a watchdog for a killed driver, and an embedded Ray on loopback.
+
+- `exit_on_signals()`: SIGTERM, SIGINT and SIGHUP end the driver with exit code 128 + signal (143, 130,
+  129) through SystemExit, so `finally` blocks and Ray's shutdown run.
+- `start_watchdog()`: a small process (`python -m sweeps.procs PID`) that follows the driver's process
+  tree and, when the driver dies without cleaning up (SIGKILL, OOM), stops every process it left (Ray's
+  GCS, raylet, dashboard and runtime-env agents, workers). It exits on its own when the driver ends.
+- `loopback_ray()`: while the embedded single-node Ray starts, every Ray server binds 127.0.0.1 only
+  (Ray's single-node mode, `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`); the setting is restored afterwards so
+  a later `ray start` of a multi-node cluster is unaffected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import psutil
+
+__all__ = ["exit_on_signals", "loopback_ray", "start_watchdog", "stop_tree"]
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def exit_on_signals() -> None:
+    """Make SIGTERM/SIGINT/SIGHUP raise SystemExit(128 + signal) in this (main-thread) process."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def _exit(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    for sig in SIGNALS:
+        signal.signal(sig, _exit)
+
+
+@contextlib.contextmanager
+def loopback_ray() -> Iterator[dict[str, str]]:
+    """Within the block, a Ray started here binds loopback only; yields the extra ray.init kwargs to pass."""
+    import ray._private.ray_constants as constants
+
+    before_env, before_flag = os.environ.get(_CLUSTER_ENV), constants.ENABLE_RAY_CLUSTER
+    os.environ[_CLUSTER_ENV] = "0"  # inherited by the GCS, raylet and agents started in the block
+    constants.ENABLE_RAY_CLUSTER = False  # read at call time by the driver's own address lookup
+    try:
+        yield {"_node_ip_address": "127.0.0.1"}
+    finally:
+        constants.ENABLE_RAY_CLUSTER = before_flag
+        if before_env is None:
+            os.environ.pop(_CLUSTER_ENV, None)
+        else:
+            os.environ[_CLUSTER_ENV] = before_env
+
+
+def stop_tree(procs: list[psutil.Process], grace_s: float = 3.0) -> int:
+    """Terminate the processes and their descendants, kill what is left after grace_s; returns how many ran."""
+    found: dict[int, psutil.Process] = {}
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            if p.is_running():
+                found[p.pid] = p
+                found.update({c.pid: c for c in p.children(recursive=True)})
+    found.pop(os.getpid(), None)
+    for p in found.values():
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(list(found.values()), timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    return len(found)
+
+
+def start_watchdog() -> subprocess.Popen:
+    """Start the watchdog of this process (it stops this process's tree if this process is killed)."""
+    return subprocess.Popen([sys.executable, "-m", "sweeps.procs", str(os.getpid())], start_new_session=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _watch(driver_pid: int, every_s: float = 0.5) -> int:
+    try:
+        driver = psutil.Process(driver_pid)
+    except psutil.Error:
+        return 0
+    known: dict[int, psutil.Process] = {}
+    while True:
+        try:
+            if driver.status() == psutil.STATUS_ZOMBIE:
+                break
+            known.update({c.pid: c for c in driver.children(recursive=True) if c.pid != os.getpid()})
+        except psutil.Error:  # the driver is gone
+            break
+        time.sleep(every_s)
+    return stop_tree(list(known.values()))
+
+
+if __name__ == "__main__":
+    _watch(int(sys.argv[1]))
