@@ -7,7 +7,10 @@ For an odd prime power q and n = q + 1, `conference_matrix(n)` is
 
 where χ is the quadratic character of GF(q) and x_0, x_1, … are the field elements in the
 order documented in `hdrope.galois`. C has a zero diagonal and C·Cᵀ = (n−1)·I.
-`conference_matrix(4)` is the paper's C4. Order 2 is [[0, 1], [1, 0]].
+`conference_matrix(4)` is the paper's C4. Order 2 is [[0, 1], [−1, 0]]: of the two order-2
+conference matrices this is the one with det +1, so the Paley basis at N = 2 gives K = QJQᵀ = J and
+HD-RoPE at N = 2 is bitwise RoPE (the paper's 2D row). The symmetric [[0, 1], [1, 0]] (det −1) would
+give K = −J, RoPE's mirror image (NOTES §1); a random basis at N = 2 can still be that mirror.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ def _nearest_orders(n: int) -> tuple[int | None, int]:
 @cache
 def _conference(n: int) -> np.ndarray:
     if n == 2:
-        return np.array([[0, 1], [1, 0]], dtype=np.int8)
+        return np.array([[0, 1], [-1, 0]], dtype=np.int8)  # det +1: N = 2 Paley is RoPE itself
     field = galois_field(n - 1)
     q = field.order
     c = np.zeros((n, n), dtype=np.int8)

@@ -22,10 +22,11 @@ def _rotate_half_eager(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
     c, s = cos[..., :h], sin[..., :h]  # both halves of a pair share one frequency
     out = torch.empty(torch.broadcast_shapes(x.shape, cos.shape), dtype=x.dtype, device=x.device)
     o1, o2 = out[..., :h], out[..., h:]
+    # products rounded before the sum, as HF's x·cos + rotate_half(x)·sin (addcmul may fuse them: other bits)
     torch.mul(x1, c, out=o1)
-    o1.addcmul_(x2, s, value=-1.0)
+    o1.sub_(x2 * s)
     torch.mul(x2, c, out=o2)
-    o2.addcmul_(x1, s)
+    o2.add_(x1 * s)
     return out
 
 

@@ -63,9 +63,10 @@ def test_describe_basis_reports_det_and_incoherence():
     assert r.orthogonality_error < 1e-15
 
 
-def test_paley2_generator_is_mirrored_rope():
-    np.testing.assert_array_equal(basis_generator("paley", 2), -pair_generator(2))
+def test_paley2_generator_is_rope_itself():
+    np.testing.assert_array_equal(basis_generator("paley", 2), pair_generator(2))  # det C2 = +1: K = J
     np.testing.assert_array_equal(basis_generator("identity", 2), pair_generator(2))
+    assert np.linalg.det(mixing_basis("paley", 2)) == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize(

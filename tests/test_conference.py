@@ -18,8 +18,11 @@ def test_conference_property_every_paley_order(n):
     c = conference_matrix(n).astype(np.int64)
     assert (np.diag(c) == 0).all()
     np.testing.assert_array_equal(c @ c.T, (n - 1) * np.eye(n, dtype=np.int64))
-    # the paper's normalisation: row 0 and column 0 all +1 except the corner
-    assert (c[0, 1:] == 1).all() and (c[1:, 0] == 1).all()
+    # the paper's normalisation: row 0 and column 0 all +1 except the corner; order 2 is the det +1 one
+    # ([[0, 1], [-1, 0]]), so that N = 2 Paley is RoPE itself, not its mirror (NOTES §1)
+    assert (c[0, 1:] == 1).all() and (c[1:, 0] == (1 if n > 2 else -1)).all()
+    if n == 2:
+        assert round(np.linalg.det(c)) == 1
 
 
 @pytest.mark.parametrize("q", [9, 25, 27, 49, 81, 121, 125])

@@ -251,3 +251,22 @@ def test_bad_positions_error():
         rot(x, x, torch.arange(3.0))
     with pytest.raises(ValueError, match="positions has 4 entries"):
         rot(x, x, torch.arange(4))
+
+
+@pytest.mark.parametrize("basis", ["identity", "paley"])
+def test_rotation_dim_2_is_bitwise_hf_rope(basis):
+    """N = 2 with identity or Paley (det C2 = +1) is RoPE itself: HF's apply_rotary_pos_emb on the same tables
+    gives the same bits, and HF's inv_freq is our block frequency ladder."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 4, 32, 64), torch.randn(2, 2, 32, 64)
+    pos = torch.arange(32) + 777
+    rot = HDRotary(64, 2, 10000.0, basis=basis)
+    cos, sin = rot.cos_sin(pos)
+    rq, rk = rot.apply(q, cos, sin), rot.apply(k, cos, sin)
+    hq, hk = apply_rotary_pos_emb(q, k, cos[0, 0], sin[0, 0], unsqueeze_dim=0)
+    assert torch.equal(rq, hq) and torch.equal(rk, hk)
+    hf = LlamaRotaryEmbedding(LlamaConfig(hidden_size=256, num_attention_heads=4, rope_theta=10000.0))
+    np.testing.assert_allclose(rot.frequencies, hf.inv_freq.double().numpy(), rtol=1e-6)
