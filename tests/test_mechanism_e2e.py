@@ -4,6 +4,7 @@ Paley − identity gap per optimiser with CIs (the shipped spec's own axes, on t
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ def test_tiny_mechanism_study_runs_and_reports_the_gap_per_optimizer(tmp_path, c
     spec.axes.seed = [1, 2]
     path = tmp_path / "mech.yaml"
     OmegaConf.save(spec, path)
-    env = {**os.environ, "HDROPE_RAY_TMPDIR": str(tmp_path / "ray")}
+    env = {**os.environ, "HDROPE_RAY_TMPDIR": tempfile.mkdtemp(prefix="hdray-")}  # short: socket paths
     run = subprocess.run([sys.executable, "-m", "hdrope.console", "sweep", "run", str(path)], cwd=tmp_path,
                          capture_output=True, text=True, timeout=900, env=env)
     assert run.returncode == 0, run.stderr[-3000:]

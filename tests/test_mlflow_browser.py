@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import psutil
 import pytest
@@ -34,7 +35,7 @@ def test_the_runs_page_shows_every_cell_by_name_in_a_real_browser(tmp_path, cach
 
     spec = tmp_path / "browse.yaml"
     spec.write_text(SPEC.format(storage=tmp_path / "store", cache=cache_dir))
-    env = {**os.environ, "HDROPE_RAY_TMPDIR": str(tmp_path / "ray")}
+    env = {**os.environ, "HDROPE_RAY_TMPDIR": tempfile.mkdtemp(prefix="hdray-")}  # short: socket paths
     run = subprocess.run([sys.executable, "-m", "hdrope.console", "sweep", "run", str(spec)], cwd=tmp_path,
                          capture_output=True, text=True, timeout=900, env=env)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import pyarrow.parquet as pq
 import pytest
@@ -37,7 +38,7 @@ def test_mlflow_holds_each_cells_own_final_numbers(tmp_path, cache_dir):
 
     spec = tmp_path / "trust.yaml"
     spec.write_text(SPEC.format(storage=tmp_path / "store", cache=cache_dir))
-    env = {**os.environ, "HDROPE_RAY_TMPDIR": str(tmp_path / "ray")}
+    env = {**os.environ, "HDROPE_RAY_TMPDIR": tempfile.mkdtemp(prefix="hdray-")}  # short: socket paths
     out = subprocess.run([sys.executable, "-m", "hdrope.console", "sweep", "run", str(spec)], cwd=tmp_path,
                          capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
