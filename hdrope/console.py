@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("trainer.cli:train_main", "train one model from a preset or YAML plus key=value overrides"),
     "passkey": ("trainer.passkey.cli:passkey_main", "build the paper's passkey dataset / evaluate a checkpoint on it"),
     "eval": ("trainer.eval_cli:eval_main", "downstream benchmarks of a checkpoint through lm-evaluation-harness"),
+    "export": ("trainer.eval_cli:export_main", "a checkpoint as a standard HF LlamaForCausalLM with the same logits"),
     "sweep": ("sweeps.cli:sweep_main", "plan|run|submit|status|logs|resume|results of Ray Tune sweeps"),
     "ui": ("sweeps.cli:ui_main", "MLflow UI on 127.0.0.1 for a sweep's tracking store"),
     "report": ("analysis.cli:report_main", "the paper's tables and figures from a sweep (Markdown + PNG, to MLflow)"),

@@ -22,7 +22,7 @@ __all__ = ["fold_matrix", "identity_twin"]
 
 def identity_twin(rot: HDRotary) -> HDRotary:
     """The identity-basis encoding with rot's head_dim, rotation dim, θ and scaling."""
-    return HDRotary(rot.head_dim, rot.rotation_dim, rot.theta, basis="identity", scaling=rot.scaling)
+    return HDRotary(rot.head_dim, rot.rotation_dim, rot.theta, basis="identity", scaling=rot.scaling)  # already filled
 
 
 def _adapted_frame(k: np.ndarray) -> np.ndarray:

@@ -36,6 +36,8 @@ class HDRotary(nn.Module):
         scaling: HF-style `rope_scaling` dict (linear, dynamic, yarn, longrope, llama3) or None.
         impl: how the block generator is applied: auto, rotate_half, permute or dense.
         fused: compile the kernel with torch.compile (inductor) for memory-bound speed.
+        max_position: the model's max (training) length; fills the scaling keys HF takes from the model config
+            (e.g. yarn/longrope's original_max_position_embeddings and factor, dynamic's length).
     """
 
     def __init__(
@@ -48,6 +50,7 @@ class HDRotary(nn.Module):
         scaling: Mapping[str, Any] | None = None,
         impl: str = "auto",
         fused: bool = False,
+        max_position: int | None = None,
     ) -> None:
         super().__init__()
         if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta):
@@ -61,7 +64,7 @@ class HDRotary(nn.Module):
         self.basis, self.seed, self.fused = basis, int(seed), bool(fused)
         self.block_generator: np.ndarray = basis_generator(basis, rotation_dim, seed)
         self.plan: MixPlan = plan_mixing(self.block_generator, self.layout, impl, fused)
-        self.scaling = validate_scaling(scaling)
+        self.scaling = validate_scaling(scaling, max_position, float(theta))
         self._exponents = self.layout.exponents()
         self._base_freqs = self.theta ** (-self._exponents)
         self._freq_index = torch.from_numpy(self.layout.channel_frequency_index())

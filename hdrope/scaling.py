@@ -55,7 +55,7 @@ def _dynamic(freqs, exps, d, base, p, seq_len) -> ScaledFrequencies:
 
 def _yarn(freqs, exps, d, base, p, seq_len) -> ScaledFrequencies:
     factor, orig = p["factor"], p["original_max_position_embeddings"]
-    beta_fast, beta_slow = p.get("beta_fast", 32.0), p.get("beta_slow", 1.0)
+    beta_fast, beta_slow = p.get("beta_fast") or 32.0, p.get("beta_slow") or 1.0  # HF: null means the default
     af = p.get("attention_factor")
     if af is None:
         if p.get("mscale") and p.get("mscale_all_dim"):
@@ -66,8 +66,10 @@ def _yarn(freqs, exps, d, base, p, seq_len) -> ScaledFrequencies:
     def correction_dim(rotations: float) -> float:
         return d * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
 
-    low = max(math.floor(correction_dim(beta_fast)), 0)
-    high = min(math.ceil(correction_dim(beta_slow)), d - 1)
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if p.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
     if low == high:
         high += 0.001
     pair_index = exps * d / 2
@@ -111,12 +113,20 @@ SCALING_TYPES: dict[str, _Spec] = {
     "dynamic": _Spec(("factor", _ORIG), (), _dynamic, seq_dependent=True),
     "yarn": _Spec(
         ("factor", _ORIG),
-        ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"),
+        ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"),
         _yarn,
     ),
     "longrope": _Spec(("short_factor", "long_factor", _ORIG), ("attention_factor", "factor"), _longrope, True),
     "llama3": _Spec(("factor", _ORIG, "low_freq_factor", "high_freq_factor"), (), _llama3),
 }
+# Keys HF fills from the model config when a rope_parameters dict leaves them out: given the model's
+# max length (`max_position`), these are filled the same way instead of being required.
+_FROM_MODEL: dict[str, Callable[[dict[str, Any], int], dict[str, Any]]] = {
+    "dynamic": lambda p, m: {_ORIG: m},  # HF's dynamic NTK grows past max_position_embeddings
+    "yarn": lambda p, m: {_ORIG: m} if _ORIG not in p else {"factor": m / p[_ORIG]} if "factor" not in p else {},
+    "longrope": lambda p, m: {_ORIG: m} if _ORIG not in p else {},
+}
+_MODEL_KEYS = ("rope_theta", "partial_rotary_factor")  # rope_parameters keys that belong to the model, not scaling
 
 _NUMBER_KEYS = {
     "factor": 1.0,
@@ -130,8 +140,25 @@ _NUMBER_KEYS = {
 }
 
 
-def validate_scaling(scaling: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """Check a rope_scaling dict and return a normalised copy; ValueError names the bad key or value."""
+def _model_keys(p: dict[str, Any], theta: float | None) -> None:
+    """Check and drop the keys a HF rope_parameters dict carries for the model (rope_theta, partial_rotary_factor)."""
+    rope_theta = p.pop("rope_theta", None)
+    if rope_theta is not None and theta is not None and not math.isclose(float(rope_theta), theta, rel_tol=1e-9):
+        raise UserError(f"rope_scaling.rope_theta={rope_theta!r} disagrees with theta={theta!r}; drop one or make "
+                        "them equal")
+    partial = p.pop("partial_rotary_factor", 1.0)
+    if partial not in (1, 1.0, None):
+        raise UserError(f"rope_scaling.partial_rotary_factor={partial!r}: HD-RoPE rotates every channel of a head; "
+                        "remove the key (or 1.0)")
+
+
+def validate_scaling(scaling: Mapping[str, Any] | None, max_position: int | None = None,
+                     theta: float | None = None) -> dict[str, Any] | None:
+    """Check a rope_scaling / rope_parameters dict and return a normalised copy (None: no scaling).
+
+    A HF `rope_parameters` dict is accepted as it is (its rope_theta must equal theta). Keys HF fills from
+    the model config are filled from `max_position` (the model's max length) when left out. UserError
+    names the bad key or value."""
     if scaling is None:
         return None
     if not isinstance(scaling, Mapping):
@@ -139,21 +166,31 @@ def validate_scaling(scaling: Mapping[str, Any] | None) -> dict[str, Any] | None
     p = dict(scaling)
     if "type" in p and "rope_type" not in p:  # HF's legacy key
         p["rope_type"] = p.pop("type")
+    _model_keys(p, theta)
     kind = p.pop("rope_type", None)
     if kind in (None, "default"):
         if p:
-            raise UserError(f"rope_scaling has keys {sorted(p)} but no rope_type")
+            said = "rope_type=default" if kind else "no rope_type"
+            raise UserError(f"rope_scaling has key(s) {sorted(p)} with {said}; give rope_type, one of "
+                            f"{sorted(SCALING_TYPES)}")
         return None
     if kind not in SCALING_TYPES:
         raise UserError(f"rope_scaling.rope_type={kind!r} is unknown; choose one of {sorted(SCALING_TYPES)}")
     spec = SCALING_TYPES[kind]
-    missing = [k for k in spec.required if k not in p]
+    if max_position is not None and kind in _FROM_MODEL:
+        for _ in range(2):  # yarn: first the original length, then the factor from it
+            p.update({k: v for k, v in _FROM_MODEL[kind](p, int(max_position)).items() if p.get(k) is None})
+    if kind == "longrope" and p.get("factor") is None and max_position is not None:
+        p["factor"] = max_position / p[_ORIG]  # Phi-3: factor (and so the attention factor) from the two lengths
+    missing = [k for k in spec.required if p.get(k) is None]
     if missing:
         raise UserError(f"rope_scaling ({kind}) is missing required key(s) {missing}")
     unknown = sorted(set(p) - set(spec.required) - set(spec.optional))
     if unknown:
         allowed = sorted(spec.required + spec.optional)
         raise UserError(f"rope_scaling ({kind}) has unknown key(s) {unknown}; allowed: {allowed}")
+    if "truncate" in p and not isinstance(p["truncate"], bool):
+        raise UserError(f"rope_scaling.truncate must be true or false, got {p['truncate']!r}")
     for key, lowest in _NUMBER_KEYS.items():
         if key in p and p[key] is not None:
             v = p[key]

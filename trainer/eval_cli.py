@@ -1,4 +1,4 @@
-"""`hdrope eval lm-eval CHECKPOINT --tasks ...`: downstream benchmarks of a trained run through lm-eval."""
+"""`hdrope eval lm-eval CHECKPOINT --tasks ...` (downstream benchmarks through lm-eval) and `hdrope export`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,19 @@ from pathlib import Path
 
 from hdrope.errors import UserError
 
-__all__ = ["eval_main"]
+__all__ = ["eval_main", "export_main"]
+
+
+def export_main(argv: list[str]) -> int:
+    """`hdrope export CHECKPOINT OUT_DIR`: the run as a standard HF LlamaForCausalLM computing the same logits."""
+    p = argparse.ArgumentParser(prog="hdrope export", description=export_main.__doc__)
+    p.add_argument("checkpoint", help="a checkpoint directory inside a run (…/checkpoints/step_N)")
+    p.add_argument("out_dir", help="a new or empty directory")
+    a = p.parse_args(argv)
+    from trainer.hf_export import export_checkpoint
+
+    print(export_checkpoint(Path(a.checkpoint), Path(a.out_dir)))
+    return 0
 
 
 def _lm_eval(a: argparse.Namespace) -> int:

@@ -1,4 +1,5 @@
-"""Mapping between this model and HF transformers' LlamaForCausalLM (RoPE only), for parity tests and benches.
+"""Mapping between this model and HF transformers' LlamaForCausalLM: config and weight names (HD-RoPE's fold is
+in trainer.hf_export).
 
 Both pair channel j with j + head_dim/2 (rotate-half), so a `rope` model maps onto HF Llama by
 renaming weights: w1/w3/w2 are gate/up/down, attention_norm/ffn_norm are input/post-attention norms.

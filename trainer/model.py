@@ -68,7 +68,7 @@ def validate_model_args(a: ModelArgs) -> PositionEncoding:
             f"model.pe.rotation_dim={a.pe.rotation_dim} does not divide head_dim={hd}; "
             f"choose a rotation_dim that divides {hd} (leftover channels are only for direct HDRotary use)"
         )
-    return build_position_encoding(a.pe, hd)
+    return build_position_encoding(a.pe, hd, a.max_seq_len)
 
 
 @dataclass

@@ -75,16 +75,17 @@ class _NoPE:
         return q, k
 
 
-def _rope(cfg: PEConfig, head_dim: int) -> PositionEncoding:
-    return _Rotary(HDRotary(head_dim, 2, cfg.theta, basis="identity", scaling=cfg.scaling, fused=cfg.fused))
+def _rope(cfg: PEConfig, head_dim: int, max_position: int | None) -> PositionEncoding:
+    return _Rotary(HDRotary(head_dim, 2, cfg.theta, basis="identity", scaling=cfg.scaling, fused=cfg.fused,
+                            max_position=max_position))
 
 
-def _hdrope(cfg: PEConfig, head_dim: int) -> PositionEncoding:
-    rot = HDRotary(head_dim, cfg.rotation_dim, cfg.theta, cfg.basis, cfg.seed, cfg.scaling, fused=cfg.fused)
-    return _Rotary(rot)
+def _hdrope(cfg: PEConfig, head_dim: int, max_position: int | None) -> PositionEncoding:
+    return _Rotary(HDRotary(head_dim, cfg.rotation_dim, cfg.theta, cfg.basis, cfg.seed, cfg.scaling,
+                            fused=cfg.fused, max_position=max_position))
 
 
-def _nope(cfg: PEConfig, head_dim: int) -> PositionEncoding:
+def _nope(cfg: PEConfig, head_dim: int, max_position: int | None) -> PositionEncoding:
     return _NoPE()
 
 
@@ -130,7 +131,7 @@ def _nope_dedup(pe: PEConfig) -> PEConfig:
 class EncodingKind:
     """One registered encoding: how to build it, the run's identity row, and its dedup-canonical config."""
 
-    build: Callable[[PEConfig, int], PositionEncoding]
+    build: Callable[[PEConfig, int, int | None], PositionEncoding]  # (config, head_dim, the model's max length)
     identity: Callable[[PEConfig], dict[str, Any]]
     dedup: Callable[[PEConfig], PEConfig]
 
@@ -164,10 +165,11 @@ def dedup_pe(pe: PEConfig) -> PEConfig:
     return copy.deepcopy(_kind(pe).dedup(pe))
 
 
-def build_position_encoding(cfg: PEConfig, head_dim: int) -> PositionEncoding:
-    """Instantiate the configured encoding; UserError names the field and the choices."""
+def build_position_encoding(cfg: PEConfig, head_dim: int, max_position: int | None = None) -> PositionEncoding:
+    """Instantiate the configured encoding (max_position: the model's max length, which fills HF scaling keys
+    taken from the model config); UserError names the field and the choices."""
     kind = _kind(cfg)
     try:
-        return kind.build(cfg, head_dim)
+        return kind.build(cfg, head_dim, max_position)
     except UserError as err:
         raise UserError(f"pe ({cfg.kind}): {err}") from None

@@ -1,0 +1,103 @@
+"""Exact export to Hugging Face: the exported LlamaForCausalLM gives the lab model's logits (fp32, 1e-4), with and
+without a KV cache, for every rotation dim, fixed basis and static scaling; RoPE's cost at inference (NOTES §2)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from trainer.generate import greedy_generate
+from trainer.hf_export import export_model, hf_rotary_map
+from trainer.model import KVCache, Llama
+from trainer.presets import load_config
+
+SCALINGS = {
+    "none": None,
+    "linear": "{rope_type: linear, factor: 2.0}",
+    "yarn": "{rope_type: yarn, factor: 4.0, original_max_position_embeddings: 32}",
+    "llama3": "{rope_type: llama3, factor: 4.0, low_freq_factor: 1.0, high_freq_factor: 4.0, "
+              "original_max_position_embeddings: 32}",
+}
+
+
+def _lab_and_hf(tmp_path, *overrides):
+    from transformers import LlamaForCausalLM
+
+    cfg = load_config("tiny", list(overrides))
+    torch.manual_seed(3)
+    model = Llama(cfg.model).eval()
+    with torch.no_grad():  # a trained-looking model: norms and every weight off their init values
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    hf = LlamaForCausalLM.from_pretrained(export_model(cfg, model, tmp_path / "hf"), attn_implementation="eager")
+    return cfg, model, hf.eval()
+
+
+@pytest.mark.parametrize("n,basis", [(2, "identity"), (2, "paley"), (2, "random"), (4, "paley"), (4, "identity"),
+                                     (4, "random"), (8, "paley"), (8, "hadamard"), (32, "random"), (32, "dct")])
+@pytest.mark.parametrize("scaling", sorted(SCALINGS))
+def test_exported_hf_llama_gives_the_same_logits(tmp_path, n, basis, scaling):
+    overrides = [f"model.pe.rotation_dim={n}", f"model.pe.basis={basis}", "model.pe.seed=7"]
+    if SCALINGS[scaling]:
+        overrides.append(f"model.pe.scaling={SCALINGS[scaling]}")
+    cfg, ours, hf = _lab_and_hf(tmp_path, *overrides)
+    x = torch.randint(0, cfg.model.vocab_size, (2, 96))  # past the train length (64)
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x).logits, ours(x), atol=1e-4, rtol=0)
+        # with a KV cache: a prefix, then one token at a time
+        cache, past = KVCache(cfg.model.n_layers), None
+        a = ours(x[:, :40], cache=cache)
+        out = hf(x[:, :40], use_cache=True)
+        torch.testing.assert_close(out.logits, a, atol=1e-4, rtol=0)
+        past = out.past_key_values
+        for t in range(40, 48):
+            a = ours(x[:, t:t + 1], cache=cache)
+            out = hf(x[:, t:t + 1], past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            torch.testing.assert_close(out.logits, a, atol=1e-4, rtol=0)
+
+
+def test_rope_exports_as_default_rope_and_hd_rope_as_per_frequency_factors():
+    _, rope = hf_rotary_map(load_config("tiny", ["model.pe.kind=rope"]).model)
+    assert rope["rope_type"] == "default"
+    _, hd = hf_rotary_map(load_config("tiny", ["model.pe.rotation_dim=4"]).model)
+    assert hd["rope_type"] == "longrope" and len(hd["short_factor"]) == 16
+    assert len(set(round(f, 9) for f in hd["short_factor"])) < 16  # two pairs share each block frequency
+
+
+def test_what_cannot_be_exported_says_so(tmp_path, cache_dir):
+    from hdrope.errors import UserError
+
+    with pytest.raises(UserError, match="no rotary form"):
+        hf_rotary_map(load_config("tiny", ["model.pe.kind=nope"]).model)
+    with pytest.raises(UserError, match="depends on the sequence length"):
+        hf_rotary_map(load_config("tiny", ["model.pe.scaling={rope_type: dynamic, factor: 2.0}"]).model)
+
+
+def test_hdrope_export_cli_on_a_trained_checkpoint(tmp_path, cache_dir):
+    from transformers import LlamaForCausalLM
+
+    from trainer.loop import train
+    from trainer.trained import load_trained
+
+    cfg = load_config("tiny", [f"data.cache_dir={cache_dir}", f"train.out_dir={tmp_path / 'run'}", "train.steps=20",
+                               "eval.passkey.enabled=false", "model.pe.rotation_dim=8"])
+    ckpt = train(cfg).checkpoint
+    out = subprocess.run([sys.executable, "-m", "hdrope.console", "export", str(ckpt), str(tmp_path / "hf")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    meta = json.loads((tmp_path / "hf" / "hdrope_export.json").read_text())
+    trained = load_trained(ckpt)
+    assert meta["config_hash"] == trained.config_hash
+    hf = LlamaForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    prompt = trained.tok.encode("ROMEO. ")
+    ours = greedy_generate(trained.model, prompt, 12)
+    theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt):].tolist()
+    assert theirs == ours
+    again = subprocess.run([sys.executable, "-m", "hdrope.console", "export", str(ckpt), str(tmp_path / "hf")],
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2 and "not empty" in again.stderr
