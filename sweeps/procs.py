@@ -23,10 +23,13 @@ from collections.abc import Iterator
 
 import psutil
 
-__all__ = ["exit_on_signals", "loopback_ray", "start_watchdog", "stop_tree"]
+__all__ = ["exit_on_signals", "loopback_ray", "signal_exit_codes", "start_watchdog", "stop_tree"]
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+_received: list[int] = []  # signals this process was asked to stop by
 
 
 def exit_on_signals() -> None:
@@ -35,10 +38,24 @@ def exit_on_signals() -> None:
         return
 
     def _exit(signum: int, frame: object) -> None:
+        _received.append(signum)
         raise SystemExit(128 + signum)
 
     for sig in SIGNALS:
         signal.signal(sig, _exit)
+
+
+@contextlib.contextmanager
+def signal_exit_codes() -> Iterator[None]:
+    """Within the block, a stop signal ends the process with 128 + signal, even when library code that was
+    running caught the SystemExit and raised something else instead."""
+    exit_on_signals()
+    try:
+        yield
+    except BaseException:
+        if _received:
+            raise SystemExit(128 + _received[-1]) from None
+        raise
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 from hdrope.errors import UserError
 from sweeps.plan import Plan, make_plan
-from sweeps.procs import exit_on_signals, loopback_ray, start_watchdog
+from sweeps.procs import exit_on_signals, loopback_ray, signal_exit_codes, start_watchdog
 from sweeps.results import cell_rows, write_results
 from sweeps.spec import SweepSpec, check_name, load_spec
 from sweeps.tracking import SweepTracker, default_tracking_uri, git_commit
@@ -222,14 +222,15 @@ def _execute(payload: dict[str, Any], spec: SweepSpec, address: str | None, uri:
     tracker.describe(spec.description, {"sweep": spec.name, "git_commit": git_commit(), "base": spec.base,
                                         "axes": ", ".join(payload.get("axes", []))})
     tracker.parent_run({"spec": payload["spec"][:6000], "cells": len(payload["cells"])})
-    started = _init_ray(address, spec)
-    try:
-        return _fit_and_reconcile(payload, spec, uri, restore)
-    finally:
-        if started:  # what the lab starts, it stops
-            import ray
+    with signal_exit_codes():  # a stop signal ends the driver with 128 + signal wherever it lands
+        started = _init_ray(address, spec)
+        try:
+            return _fit_and_reconcile(payload, spec, uri, restore)
+        finally:
+            if started:  # what the lab starts, it stops
+                import ray
 
-            ray.shutdown()
+                ray.shutdown()
 
 
 def _fit_and_reconcile(payload: dict[str, Any], spec: SweepSpec, uri: str, restore: bool) -> int:

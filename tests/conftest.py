@@ -73,3 +73,21 @@ axes:
         train(cell.config)
     write_results(payload)
     return plan.root
+
+
+@pytest.fixture
+def hdrope_cli():
+    """Run `hdrope ARGS...` in a subprocess; an embedded Ray it starts lives in a temp dir of its own (short,
+    for Unix socket paths), and the sweep driver stops it."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    def run(*args: str, cwd, timeout: int = 900) -> subprocess.CompletedProcess:
+        env = {**os.environ, "HDROPE_RAY_TMPDIR": tempfile.mkdtemp(prefix="hdray-")}
+        return subprocess.run([sys.executable, "-m", "hdrope.console", *args], cwd=cwd, capture_output=True,
+                              text=True, timeout=timeout, env=env)
+
+    return run
+

@@ -1,10 +1,6 @@
 """A tiny version of experiments/tables/mechanism_compact.yaml runs on embedded Ray and its report states the
 Paley − identity gap per optimiser with CIs (the shipped spec's own axes, on the tiny model)."""
 
-import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,7 +11,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_tiny_mechanism_study_runs_and_reports_the_gap_per_optimizer(tmp_path, cache_dir):
+def test_tiny_mechanism_study_runs_and_reports_the_gap_per_optimizer(tmp_path, cache_dir, hdrope_cli):
     spec = OmegaConf.load(REPO / "experiments/tables/mechanism_compact.yaml")
     spec.base = "tiny"
     spec.storage = str(tmp_path / "store")
@@ -27,12 +23,9 @@ def test_tiny_mechanism_study_runs_and_reports_the_gap_per_optimizer(tmp_path, c
     spec.axes.seed = [1, 2]
     path = tmp_path / "mech.yaml"
     OmegaConf.save(spec, path)
-    env = {**os.environ, "HDROPE_RAY_TMPDIR": tempfile.mkdtemp(prefix="hdray-")}  # short: socket paths
-    run = subprocess.run([sys.executable, "-m", "hdrope.console", "sweep", "run", str(path)], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=900, env=env)
+    run = hdrope_cli("sweep", "run", str(path), cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
-    rep = subprocess.run([sys.executable, "-m", "hdrope.console", "report", str(tmp_path / "store" / spec.name)],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    rep = hdrope_cli("report", str(tmp_path / "store" / spec.name), cwd=tmp_path, timeout=600)
     assert rep.returncode == 0, rep.stderr[-3000:]
     text = (tmp_path / "store" / spec.name / "report" / "report.md").read_text()
     assert "## Optimiser mechanism" in text

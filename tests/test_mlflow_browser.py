@@ -2,12 +2,10 @@
 `hdrope ui NAME` prints) and every cell's readable run name is in the rendered DOM; a screenshot is taken.
 Skipped where Chromium is not installed (`.ci/run` installs Debian's chromium)."""
 
-import os
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 
 import psutil
 import pytest
@@ -30,14 +28,12 @@ resources: {{cpus: 1}}
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium)")
-def test_the_runs_page_shows_every_cell_by_name_in_a_real_browser(tmp_path, cache_dir):
+def test_the_runs_page_shows_every_cell_by_name_in_a_real_browser(tmp_path, cache_dir, hdrope_cli):
     import socket
 
     spec = tmp_path / "browse.yaml"
     spec.write_text(SPEC.format(storage=tmp_path / "store", cache=cache_dir))
-    env = {**os.environ, "HDROPE_RAY_TMPDIR": tempfile.mkdtemp(prefix="hdray-")}  # short: socket paths
-    run = subprocess.run([sys.executable, "-m", "hdrope.console", "sweep", "run", str(spec)], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=900, env=env)
+    run = hdrope_cli("sweep", "run", str(spec), cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -2,10 +2,6 @@
 checked cell by cell (dedup copies included) against results.parquet and each cell's own files."""
 
 import json
-import os
-import subprocess
-import sys
-import tempfile
 
 import pyarrow.parquet as pq
 import pytest
@@ -33,14 +29,12 @@ resources: {{cpus: 1}}
 """
 
 
-def test_mlflow_holds_each_cells_own_final_numbers(tmp_path, cache_dir):
+def test_mlflow_holds_each_cells_own_final_numbers(tmp_path, cache_dir, hdrope_cli):
     import mlflow
 
     spec = tmp_path / "trust.yaml"
     spec.write_text(SPEC.format(storage=tmp_path / "store", cache=cache_dir))
-    env = {**os.environ, "HDROPE_RAY_TMPDIR": tempfile.mkdtemp(prefix="hdray-")}  # short: socket paths
-    out = subprocess.run([sys.executable, "-m", "hdrope.console", "sweep", "run", str(spec)], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=600, env=env)
+    out = hdrope_cli("sweep", "run", str(spec), cwd=tmp_path, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     root = tmp_path / "store" / "trust"
     results = pq.read_table(root / "results.parquet").to_pandas().set_index("cell_id")
