@@ -5,7 +5,7 @@ run. Cells are grouped into variants by every axis except the seeds (`analysis.v
 cell is mean ± 95% CI over seeds of one variant at one θ, never a pool of different settings. Every
 variant that trained appears in every table and figure. Sections appear when their inputs exist:
 ablation tables for every metric the runs produced, metric vs θ (when θ has two or more values),
-passkey polar fans per variant, layer-wise effective rank and its difference to the 2D variant,
+passkey polar fans per variant, layer-wise effective rank and its difference to RoPE,
 Fourier attention magnitudes at layers spread through depth, and the overhead table from
 `bench_train.json` (`hdrope bench train --json > <sweep dir>/bench_train.json`).
 """
@@ -50,11 +50,11 @@ def _at_theta(cells: pd.DataFrame, theta: float) -> pd.DataFrame:
 
 
 def references(cells: pd.DataFrame) -> dict[str, str]:
-    """variant -> the 2D (RoPE-equivalent) variant with the same other axes, which the tables test it against."""
+    """variant -> the RoPE variant with the same other axes, which the tables test it against."""
     axes = variant_axes(cells)
     refs: dict[str, str] = {}
     for _, g in cells.groupby(axes, dropna=False) if axes else [(None, cells)]:
-        two = g[g["rotation_dim"] == 2].sort_values("variant_rank")
+        two = g[_is_rope(g)].sort_values("variant_rank")
         if not two.empty:
             refs.update({v: two["variant"].iloc[0] for v in g["variant"].unique() if v != two["variant"].iloc[0]})
     return refs
@@ -62,7 +62,7 @@ def references(cells: pd.DataFrame) -> dict[str, str]:
 
 def ablation_table(results: pd.DataFrame, metric: str) -> pd.DataFrame:
     """Rows: variants (in identity order); columns: θ; cells 'mean ± half-CI (n)' over the seeds of that variant,
-    marked * where the 95% CI of its difference to the 2D variant at that θ excludes 0."""
+    marked * where the 95% CI of its difference to RoPE at that θ excludes 0."""
     df = trained(results)
     thetas = _theta_order(df["theta"])
     refs = references(df)
@@ -150,10 +150,15 @@ def _stats(group: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([load_stats(p) for p in group["attention_path"]], ignore_index=True)
 
 
+def _is_rope(cells: pd.DataFrame) -> pd.Series:
+    """Cells that are RoPE itself: kind rope, or hdrope at N = 2 (any basis: NOTES §1)."""
+    return (cells["rotation_dim"] == 2) & cells["pe_kind"].isin(["rope", "hdrope"])
+
+
 def _reference(variants: list[tuple[str, pd.DataFrame]]) -> tuple[str, pd.DataFrame] | None:
-    """The 2D variant the differences are taken against (RoPE-equivalent), if one ran."""
-    two_d = [(v, g) for v, g in variants if (g["rotation_dim"] == 2).all()]
-    return two_d[0] if two_d else None
+    """The RoPE variant the differences are taken against, if one ran."""
+    rope = [(v, g) for v, g in variants if _is_rope(g).all()]
+    return rope[0] if rope else None
 
 
 def _rank_section(cells: pd.DataFrame, out: Path) -> tuple[list[Path], list[str]]:
@@ -172,7 +177,7 @@ def _rank_section(cells: pd.DataFrame, out: Path) -> tuple[list[Path], list[str]
                          out / f"erank_{tag}.png"))
         ref = _reference([(v, g) for v, g, _ in variants])
         if ref is None:
-            notes.append(f"{tt}: no 2D variant ran, so no rank difference is shown")
+            notes.append(f"{tt}: no RoPE variant ran, so no rank difference is shown")
             continue
         ref_stats = next(st for v, _, st in variants if v == ref[0])
         series, band = {}, {}
@@ -296,7 +301,7 @@ def build_report(sweep_dir: str | Path, tracking_uri: str | None = None) -> Path
         md += [f"_No passkey tables: {err}_", ""]
     rank_figs, notes = _rank_section(cells, out)
     if rank_figs:
-        md += ["## Effective attention rank per layer (and its difference to the 2D variant, 95% CI)", "",
+        md += ["## Effective attention rank per layer (and its difference to RoPE, 95% CI)", "",
                *[f"- {n}" for n in notes], ""]
         md += [f"![{f.stem}]({f.name})" for f in rank_figs] + [""]
         figures += rank_figs

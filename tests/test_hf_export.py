@@ -72,7 +72,7 @@ def test_rope_exports_as_default_rope_and_hd_rope_as_per_frequency_factors():
 def test_what_cannot_be_exported_says_so(tmp_path, cache_dir):
     from hdrope.errors import UserError
 
-    with pytest.raises(UserError, match="no rotary form"):
+    with pytest.raises(UserError, match="not exportable to HF Llama"):
         hf_rotary_map(load_config("tiny", ["model.pe.kind=nope"]).model)
     with pytest.raises(UserError, match="depends on the sequence length"):
         hf_rotary_map(load_config("tiny", ["model.pe.scaling={rope_type: dynamic, factor: 2.0}"]).model)

@@ -36,7 +36,8 @@ __all__ = ["export_checkpoint", "export_model", "hf_rotary_map"]
 def _rotary(a: ModelArgs) -> HDRotary:
     pe = a.pe
     if pe.kind not in ("rope", "hdrope"):
-        raise UserError(f"model.pe.kind={pe.kind!r} has no rotary form, so it is not exportable to HF Llama")
+        raise UserError(f"model.pe.kind={pe.kind!r} is not exportable to HF Llama (only rope and hdrope, whose "
+                        "rotation folds into W_q/W_k, are)")
     n, basis = (2, "identity") if pe.kind == "rope" else (pe.rotation_dim, pe.basis)
     return HDRotary(a.resolved_head_dim, n, pe.theta, basis, pe.seed, pe.scaling, max_position=a.max_seq_len)
 

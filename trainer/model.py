@@ -68,13 +68,14 @@ def validate_model_args(a: ModelArgs) -> PositionEncoding:
             f"model.pe.rotation_dim={a.pe.rotation_dim} does not divide head_dim={hd}; "
             f"choose a rotation_dim that divides {hd} (leftover channels are only for direct HDRotary use)"
         )
-    return build_position_encoding(a.pe, hd, a.max_seq_len)
+    return build_position_encoding(a.pe, hd, a.max_seq_len, a.n_heads)
 
 
 @dataclass
 class _Context:
     cache: KVCache | None = None
     capture: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+    bias: torch.Tensor | None = None  # the encoding's additive attention bias (heads, q, k), causal mask included
 
 
 class RMSNorm(nn.Module):
@@ -131,7 +132,9 @@ class Attention(nn.Module):
         if ctx.capture is not None:
             ctx.capture[self.layer] = (q, k)
         gqa = self.n_kv_heads != self.n_heads
-        if past == 0:
+        if ctx.bias is not None:  # an attention-bias encoding (ALiBi): the float mask carries bias and causality
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.bias.to(q.dtype), enable_gqa=gqa)
+        elif past == 0:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:  # queries sit at the end of the keys: causal mask aligned bottom-right
             mask = torch.ones(s, past + s, dtype=torch.bool, device=x.device).tril(diagonal=past)
@@ -191,6 +194,17 @@ class Llama(nn.Module):
             else:
                 nn.init.normal_(p, 0.0, std)
 
+    def attention_bias(self, positions: torch.Tensor, past: int = 0) -> torch.Tensor | None:
+        """The encoding's additive attention bias for these query positions after `past` cached keys, with the
+        causal mask folded in (−inf above the diagonal): (heads, q, past + q), or None for q/k-only encodings."""
+        q_pos = positions if positions.dim() == 1 else positions[0]
+        k_pos = torch.cat([torch.arange(past, device=q_pos.device), q_pos]) if past else q_pos
+        bias = self.pe.bias(q_pos, k_pos, torch.float32)
+        if bias is None:
+            return None
+        causal = torch.ones(len(q_pos), len(k_pos), dtype=torch.bool, device=bias.device).tril(diagonal=past)
+        return bias.masked_fill(~causal, float("-inf"))
+
     def num_params(self, include_embeddings: bool = True) -> int:
         """Parameter count (tied weights counted once)."""
         n = sum(p.numel() for p in self.parameters())
@@ -212,7 +226,7 @@ class Llama(nn.Module):
             positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
         h = self.tok_embeddings(tokens)
         tables = self.pe.tables(positions, h.dtype)
-        ctx = _Context(cache, capture)
+        ctx = _Context(cache, capture, self.attention_bias(positions, cache.length if cache is not None else 0))
         for layer in self.layers:
             h = layer(h, self.pe, tables, ctx)
         return self.output(self.norm(h))
