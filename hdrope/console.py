@@ -20,6 +20,7 @@ __all__ = ["BENCHES", "COMMANDS", "main"]
 COMMANDS: dict[str, tuple[str, str]] = {
     "bases": ("hdrope.commands:bases_main", "table of mixing bases: orthogonality, det, incoherence, K density"),
     "train": ("trainer.cli:train_main", "train one model from a preset or YAML plus key=value overrides"),
+    "data": ("trainer.data_cli:data_main", "prepare a corpus as verified, resumable token shards for training"),
     "passkey": ("trainer.passkey.cli:passkey_main", "build the paper's passkey dataset / evaluate a checkpoint on it"),
     "sweep": ("sweeps.cli:sweep_main", "plan|run|submit|status|logs|resume|results of Ray Tune sweeps"),
     "ui": ("sweeps.cli:ui_main", "MLflow UI on 127.0.0.1 for a sweep's tracking store"),
