@@ -2,8 +2,10 @@
 
 import json
 import random
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +103,34 @@ def test_interrupted_prepare_resumes_to_byte_identical_shards(tmp_path):
         assert (tmp_path / "cut" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
     again = _prepare_cli(*common, "--out", str(tmp_path / "cut"))
     assert again.returncode == 0 and "already complete" in again.stdout
+
+
+def test_prepare_killed_mid_run_resumes_to_byte_identical_shards(tmp_path):
+    paths = _write_corpus(tmp_path / "corpus", docs=600, seed=4)
+    tok_path = tmp_path / "tokenizer.json"
+    train_bpe([(tmp_path / "corpus" / "c0.txt").read_text()], 300, tok_path)
+    common = ["data.corpus=files", f"data.paths=[{paths[0]},{paths[1]}]", f"data.tokenizer={tok_path}",
+              "--shard-tokens", "5000", "--workers", "1"]
+    assert _prepare_cli(*common, "--out", str(tmp_path / "whole")).returncode == 0
+    cmd = [sys.executable, "-m", "hdrope.console", "data", "prepare", *common, "--out", str(tmp_path / "killed"),
+           "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    manifest, seen = tmp_path / "killed" / MANIFEST, 0
+    while proc.poll() is None and seen < 5:
+        try:
+            seen = len(json.loads(manifest.read_text())["shards"])
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "prepare finished before it could be killed"
+    assert not json.loads(manifest.read_text())["complete"]
+    done = _prepare_cli(*common, "--out", str(tmp_path / "killed"))
+    assert done.returncode == 0, done.stderr
+    names = sorted(p.name for p in (tmp_path / "whole").iterdir())
+    assert sorted(p.name for p in (tmp_path / "killed").iterdir()) == names
+    for name in names:
+        assert (tmp_path / "killed" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
 
 
 def test_prepare_refuses_another_preparation_in_the_same_directory(tmp_path):

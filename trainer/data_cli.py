@@ -57,7 +57,8 @@ def data_main(argv: list[str]) -> int:
     b.add_argument("overrides", nargs="*", help="dotted data.* overrides, e.g. data.corpus=files data.paths=[a/*.txt]")
     b.add_argument("--out", required=True, help="shard directory: new, empty, or an earlier run's (resumed)")
     b.add_argument("--preset", default="", help="take the data section from a preset or YAML (default: defaults)")
-    b.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="tokenizer processes (default: CPUs)")
+    b.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 1) - 1),
+                   help="tokenizer processes; 1 tokenizes in this process (default: CPUs - 1)")
     b.add_argument("--shard-tokens", type=int, default=1 << 24, help="tokens per shard (default 16,777,216)")
     b.add_argument("--format", default="npy", choices=["npy", "bin"], help="npy (default) or raw little-endian bin")
     b.add_argument("--max-shards", type=int, default=0,

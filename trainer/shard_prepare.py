@@ -91,6 +91,7 @@ _worker_tok: Tokenizer | None = None
 
 def _init_worker(spec: str, cache_dir: str) -> None:
     global _worker_tok
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the processes are the parallelism
     _worker_tok = load_tokenizer(spec, cache_dir=cache_dir)
 
 
@@ -215,7 +216,8 @@ def _kept_shards(out: Path, settings: dict[str, Any]) -> tuple[list[dict], dict 
     and that run's manifest (None when there was none)."""
     path = out / MANIFEST
     if not path.is_file():
-        others = [p.name for p in out.iterdir()] if out.is_dir() else []
+        ours = (MANIFEST, *(f"{s}-" for s in SPLITS))  # a run killed before its first manifest leaves only these
+        others = [p.name for p in out.iterdir() if not p.name.lstrip(".").startswith(ours)] if out.is_dir() else []
         if others:
             raise UserError(f"--out {out}: not empty ({', '.join(sorted(others)[:3])} …) and holds no {MANIFEST}; "
                             "give a new or empty directory")
