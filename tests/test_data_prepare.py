@@ -55,7 +55,7 @@ def test_shards_hold_exactly_the_in_memory_tokens(tmp_path):
     corpus = load_corpus(cfg)
     tok = load_tokenizer(str(tok_path))
     memory = cached_tokens(corpus, tok, cache)
-    shards = load_shards(str(tmp_path / "shards"), tok)
+    shards = load_shards(str(tmp_path / "shards"), tok, cache)
     for split in ("train", "val"):
         assert np.array_equal(_stream(shards, split), getattr(memory, split))
     assert res.manifest["corpus_fingerprint"] == corpus.fingerprint
@@ -207,5 +207,23 @@ def test_shards_refuse_another_tokenizer(small_shards, tmp_path):
     tok_path = tmp_path / "tokenizer.json"
     train_bpe(["some words to learn from " * 20], 300, tok_path)
     with pytest.raises(UserError, match=r"set data\.tokenizer=bytes"):
-        load_shards(str(root / "shards"), load_tokenizer(str(tok_path)))
-    assert len(load_shards(str(root / "shards"), ByteTokenizer()).val) > 0
+        load_shards(str(root / "shards"), load_tokenizer(str(tok_path)), str(tmp_path / "cache"))
+    assert len(load_shards(str(root / "shards"), ByteTokenizer(), str(tmp_path / "cache")).val) > 0
+
+
+def test_a_shard_changed_after_it_verified_is_caught(small_shards, tmp_path):
+    root, _ = small_shards
+    copy, cache = tmp_path / "copy", str(tmp_path / "cache")
+    copy.mkdir()
+    for f in (root / "shards").iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    first = load_shards(str(copy), ByteTokenizer(), cache)
+    assert list((tmp_path / "cache" / "shard-checks").glob("*.json"))  # the verified shards are remembered
+    expected = np.asarray(first.val)
+    assert np.array_equal(np.asarray(load_shards(str(copy), ByteTokenizer(), cache).val), expected)
+    target = copy / "val-000000.npy"
+    data = bytearray(target.read_bytes())
+    data[200] ^= 1
+    target.write_bytes(bytes(data))
+    with pytest.raises(UserError, match=r"val-000000\.npy: sha256 does not match"):
+        load_shards(str(copy), ByteTokenizer(), cache)

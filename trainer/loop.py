@@ -117,7 +117,7 @@ def prepare_data(cfg: RunConfig) -> DataBundle:
             f"(data.tokenizer={d.tokenizer!r}); set model.vocab_size={tok.vocab_size}"
         )
     if corpus is None:
-        shards = load_shards(d.shards_dir, tok)
+        shards = load_shards(d.shards_dir, tok, d.cache_dir)
         tokens = TokenData(shards.train, shards.val, shards.path, shards.key)  # type: ignore[arg-type]
         return DataBundle(tok, tokens, shards.val_bytes_per_token, PasskeyPrompter(tok, d.passkey))
     tokens = cached_tokens(corpus, tok, d.cache_dir)

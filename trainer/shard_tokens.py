@@ -1,7 +1,9 @@
 """Training from prepared shards (`data.corpus=shards`, `data.shards_dir=DIR`): verified, memory-mapped, concatenated.
 
 `load_shards(dir, tokenizer)` checks the manifest `hdrope data prepare` wrote (complete, same
-tokenizer identity) and every shard's size and sha256, then memory-maps the shards. Each split is a
+tokenizer identity) and every shard's size and sha256, then memory-maps the shards. A shard whose
+checksum verified is recorded in the cache (`shard-checks/`, by path, size and mtime) and is not
+hashed again until its size or modification time changes, so trials after the first start at once. Each split is a
 `ShardStream`: the concatenation of its shards, read like a 1-D token array (`len`, slices). Training
 windows are drawn from the whole stream exactly as from the in-memory array, so a window may span a
 shard boundary, and a run on shards sees bitwise the batches of a run on the same corpus in memory
@@ -10,6 +12,7 @@ shard boundary, and a run on shards sees bitwise the batches of a run on the sam
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from hdrope.errors import UserError
-from trainer.cache import sha256_file
+from trainer.cache import cache_root, sha256_file
+from trainer.run_files import write_json_atomic
 from trainer.shard_prepare import MANIFEST, SHARD_FORMAT, SPLITS
 from trainer.tokenizer import Tokenizer
 
@@ -95,12 +99,40 @@ def _manifest(root: Path) -> dict:
     return manifest
 
 
-def _open(root: Path, entry: dict, dtype: np.dtype) -> np.ndarray:
+class _Checked:
+    """sha256 results of shards, remembered per (size, mtime) in the cache; one JSON file per shard directory."""
+
+    def __init__(self, root: Path, cache_dir: str) -> None:
+        key = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
+        self.path = cache_root(cache_dir) / "shard-checks" / f"{key}.json"
+        try:
+            self.seen: dict[str, list] = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.seen = {}
+        self.changed = False
+
+    def verify(self, path: Path, sha256: str) -> bool:
+        st = path.stat()
+        stamp = [st.st_size, st.st_mtime_ns, sha256]
+        if self.seen.get(path.name) == stamp:
+            return True
+        if sha256_file(path) != sha256:
+            return False
+        self.seen[path.name], self.changed = stamp, True
+        return True
+
+    def save(self) -> None:
+        if self.changed:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(self.path, self.seen)
+
+
+def _open(root: Path, entry: dict, dtype: np.dtype, checked: _Checked) -> np.ndarray:
     path = root / entry["file"]
     fix = _FIX.format(dir=root)
     if not path.is_file():
         raise UserError(f"{path}: shard missing; {fix}")
-    if sha256_file(path) != entry["sha256"]:
+    if not checked.verify(path, entry["sha256"]):
         raise UserError(f"{path}: sha256 does not match the manifest (the shard is corrupt); {fix}")
     tokens = np.load(path, mmap_mode="r") if path.suffix == ".npy" else np.memmap(path, dtype=dtype, mode="r")
     if tokens.dtype != dtype or tokens.ndim != 1 or len(tokens) != int(entry["tokens"]):
@@ -109,7 +141,7 @@ def _open(root: Path, entry: dict, dtype: np.dtype) -> np.ndarray:
     return tokens
 
 
-def load_shards(shards_dir: str, tok: Tokenizer) -> ShardSet:
+def load_shards(shards_dir: str, tok: Tokenizer, cache_dir: str = "") -> ShardSet:
     """Verified, memory-mapped train/val streams of a prepared directory made with the tokenizer `tok`."""
     root = Path(shards_dir).expanduser()
     manifest = _manifest(root)
@@ -119,5 +151,10 @@ def load_shards(shards_dir: str, tok: Tokenizer) -> ShardSet:
                         f"({made_with.get('identity')}), but data.tokenizer gives {tok.identity}; "
                         f"set data.tokenizer={made_with.get('spec')}")
     dtype = np.dtype(manifest["dtype"]).newbyteorder("<")
-    streams = {s: ShardStream([_open(root, e, dtype) for e in manifest["shards"] if e["split"] == s]) for s in SPLITS}
+    checked = _Checked(root, cache_dir)
+    try:
+        streams = {s: ShardStream([_open(root, e, dtype, checked) for e in manifest["shards"] if e["split"] == s])
+                   for s in SPLITS}
+    finally:
+        checked.save()  # what verified stays verified, even when a later shard fails
     return ShardSet(streams["train"], streams["val"], root, manifest)
