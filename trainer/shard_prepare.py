@@ -292,13 +292,13 @@ def _split_stream(cfg: DataConfig) -> tuple[Iterator[tuple[str, str]], int]:
 class _Progress:
     """tqdm over documents when it is installed, else one line per shard on stderr."""
 
-    def __init__(self, total: int, enabled: bool) -> None:
+    def __init__(self, total: int, enabled: bool, done: int = 0) -> None:
         self.bar, self.enabled, self.tokens = None, enabled, 0
         if enabled:
             try:
                 from tqdm import tqdm
 
-                self.bar = tqdm(total=total, unit="doc", dynamic_ncols=True, file=sys.stderr)
+                self.bar = tqdm(total=total, initial=done, unit="doc", dynamic_ncols=True, file=sys.stderr)
             except ImportError:
                 pass
 
@@ -351,7 +351,7 @@ def prepare_shards(cfg: DataConfig, out: Path, *, shard_tokens: int = 1 << 24, w
         return manifest
 
     stream, n_docs = _split_stream(cfg)
-    bar = _Progress(n_docs, progress)
+    bar = _Progress(n_docs, progress, done=sum(p.doc for p in starts.values()))  # resumed: skipped documents
 
     def on_shard(entry: dict) -> None:
         written.append(entry)
