@@ -20,6 +20,7 @@ __all__ = ["BENCHES", "COMMANDS", "main"]
 COMMANDS: dict[str, tuple[str, str]] = {
     "bases": ("hdrope.commands:bases_main", "table of mixing bases: orthogonality, det, incoherence, K density"),
     "train": ("trainer.cli:train_main", "train one model from a preset or YAML plus key=value overrides"),
+    "data": ("trainer.data_cli:data_main", "prepare a corpus as verified, resumable token shards for training"),
     "passkey": ("trainer.passkey.cli:passkey_main", "build the paper's passkey dataset / evaluate a checkpoint on it"),
     "eval": ("trainer.eval_cli:eval_main", "downstream benchmarks of a checkpoint through lm-evaluation-harness"),
     "export": ("trainer.eval_cli:export_main", "a checkpoint as a standard HF LlamaForCausalLM with the same logits"),

@@ -34,6 +34,9 @@ def test_bases_table_lists_paley_density():
         (["frobnicate"], "unknown command"),
         (["bench", "warp"], "unknown command"),
         (["bases", "--kind", "qr"], "invalid choice"),
+        (["data", "shuffle"], "invalid choice"),
+        (["data", "prepare", "--out", "x", "model.dim=3"], "prepare takes data.* key=value overrides"),
+        (["data", "prepare", "--out", "x", "data.tokenizer=bpe"], "shards need a fixed tokenizer"),
     ],
 )
 def test_user_errors_exit_2_with_a_message(args, needle):

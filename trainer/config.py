@@ -73,12 +73,13 @@ class PasskeyFormat:
 class DataConfig:
     """Corpus, tokenizer, split and the optional passkey mixture. The train length is model.max_seq_len."""
 
-    corpus: str = "shakespeare"  # shakespeare | files | hf
+    corpus: str = "shakespeare"  # shakespeare | files | hf | shards
     paths: list[str] = field(default_factory=list)  # globs of .txt/.jsonl/.parquet for corpus=files
     text_field: str = "text"  # JSONL key / Parquet column / HF dataset column holding the text
     hf_dataset: str = ""  # corpus=hf: a HF datasets name, e.g. cerebras/SlimPajama-627B (needs the hf extra)
     hf_split: str = "train"
     hf_documents: int = 10000  # corpus=hf: documents streamed from the start of the split
+    shards_dir: str = ""  # corpus=shards: a directory written by `hdrope data prepare` (memory-mapped, verified)
     tokenizer: str = "bytes"  # bytes | bpe | path/to/tokenizer.json
     bpe_vocab_size: int = 1024
     val_fraction: float = 0.1  # fraction of documents (plays) held out
@@ -216,8 +217,14 @@ def config_errors(cfg: RunConfig) -> list[str]:
     except UserError as err:
         errors.append(str(err))
     d, o, t, e, dump = cfg.data, cfg.optim, cfg.train, cfg.eval, cfg.dump
-    if d.corpus not in ("shakespeare", "files", "hf"):
-        errors.append(f"data.corpus={d.corpus!r}: choose 'shakespeare', 'files' (with data.paths globs) or 'hf'")
+    if d.corpus not in ("shakespeare", "files", "hf", "shards"):
+        errors.append(f"data.corpus={d.corpus!r}: choose 'shakespeare', 'files' (with data.paths globs), 'hf' "
+                      "or 'shards' (with data.shards_dir)")
+    if d.corpus == "shards" and not d.shards_dir:
+        errors.append("data.shards_dir is empty: corpus=shards needs the directory `hdrope data prepare --out` wrote")
+    if d.corpus == "shards" and d.tokenizer == "bpe":
+        errors.append("data.tokenizer=bpe with corpus=shards: give the tokenizer the shards were prepared with "
+                      "(bytes or a tokenizer.json path; the manifest names it)")
     if d.corpus == "hf" and not d.hf_dataset:
         errors.append("data.hf_dataset is empty: corpus=hf needs a dataset name, e.g. cerebras/SlimPajama-627B")
     if d.corpus == "files" and not d.paths:

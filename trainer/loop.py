@@ -47,6 +47,7 @@ from trainer.run_files import (
     truncate_metrics,
     write_json_atomic,
 )
+from trainer.shard_tokens import load_shards
 from trainer.throughput import flops_per_token, peak_flops
 from trainer.token_cache import TokenData, cached_tokens
 from trainer.tokenizer import Tokenizer, load_tokenizer
@@ -108,13 +109,17 @@ def _autocast(device: torch.device, dtype: str) -> tuple[Autocast, torch.dtype]:
 def prepare_data(cfg: RunConfig) -> DataBundle:
     """Load the corpus, tokenizer and cached tokens; ValueError when the model or lengths do not fit."""
     d = cfg.data
-    corpus = load_corpus(d)
-    tok = load_tokenizer(d.tokenizer, corpus.train, d.bpe_vocab_size, d.cache_dir)
+    corpus = None if d.corpus == "shards" else load_corpus(d)
+    tok = load_tokenizer(d.tokenizer, corpus.train if corpus else None, d.bpe_vocab_size, d.cache_dir)
     if tok.vocab_size > cfg.model.vocab_size:
         raise UserError(
             f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's {tok.vocab_size} ids "
             f"(data.tokenizer={d.tokenizer!r}); set model.vocab_size={tok.vocab_size}"
         )
+    if corpus is None:
+        shards = load_shards(d.shards_dir, tok, d.cache_dir)
+        tokens = TokenData(shards.train, shards.val, shards.path, shards.key)  # type: ignore[arg-type]
+        return DataBundle(tok, tokens, shards.val_bytes_per_token, PasskeyPrompter(tok, d.passkey))
     tokens = cached_tokens(corpus, tok, d.cache_dir)
     val_bytes = sum(len(t.encode("utf-8")) for t in corpus.val)
     return DataBundle(tok, tokens, val_bytes / max(1, len(tokens.val)), PasskeyPrompter(tok, d.passkey))

@@ -23,7 +23,10 @@ __all__ = ["TokenData", "cached_tokens"]
 
 @dataclass
 class TokenData:
-    """Train and validation token streams (memory-mapped) and where they live."""
+    """Train and validation token streams (memory-mapped) and where they live.
+
+    With data.corpus=shards the streams are `trainer.shard_tokens.ShardStream`s: the same `len` and
+    slicing, over several memory-mapped shards."""
 
     train: np.ndarray
     val: np.ndarray
