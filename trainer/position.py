@@ -1,13 +1,16 @@
-"""Registry of position encodings for the compact Llama, chosen by `PEConfig.kind`.
+"""Registry of position encodings for the compact Llama, chosen by `model.pe.kind`.
 
-Each registry entry (`EncodingKind`) says how to build the encoding, what the run's encoding
-identity is, and which settings provably cannot change the model. An encoding maps its config to
-an object with `tables(positions, dtype)` (computed once per forward pass) and `rotate(q, k, tables)`.
+Each registry entry (`EncodingKind`) says how to build the encoding (an `nn.Module` registered in the
+model, see `trainer.encodings`), which typed config it takes (`trainer.encodings.configs`), what the
+run's encoding identity is, which settings provably cannot change the model (the dedup key), whether
+q·k depends only on m - n (translation invariance, property-tested), and whether it has an exact
+Hugging Face Llama equivalent.
 
 `encoding_identity(pe)` is the one place that says which encoding a run used: every artifact
-(results table, passkey table, attention dumps), the plan, the report and the notebooks write or
-read its columns. `dedup_pe(pe)` is the canonical config of the model's equivalence class, from
-which the sweep plan derives its dedup key. Adding a baseline means adding one registry entry.
+(results table, passkey table, attention dumps), the plan, MLflow run names, the report and the
+notebooks write or read its columns. `dedup_pe(pe)` is the canonical config of the model's
+equivalence class, from which the sweep plan derives its dedup key. Adding a baseline means adding
+one config class and one registry entry.
 """
 
 from __future__ import annotations
@@ -16,103 +19,81 @@ import copy
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
-
-import torch
+from typing import Any
 
 from hdrope import HDRotary
 from hdrope.errors import UserError
+from trainer.encodings.alibi import ALiBi
+from trainer.encodings.base import EncodingShape, PositionModule
+from trainer.encodings.configs import (
+    PE_CONFIGS,
+    ALiBiConfig,
+    AnyPEConfig,
+    FoPEConfig,
+    LearnedBasisConfig,
+    PartialRoPEConfig,
+    PEConfig,
+    PRoPEConfig,
+    RPE3DConfig,
+    XPosConfig,
+)
+from trainer.encodings.fope import FoPE
+from trainer.encodings.learned import LearnedBasis
+from trainer.encodings.rotary import RPE3D, HDRotaryEncoding, NoPE, XPos, p_rope, partial_rope
 
 __all__ = [
     "IDENTITY_COLUMNS",
     "IDENTITY_KEYS",
     "POSITION_ENCODINGS",
     "EncodingKind",
+    "EncodingShape",
     "PEConfig",
     "PositionEncoding",
     "build_position_encoding",
+    "check_exportable",
     "dedup_pe",
     "encoding_identity",
+    "pe_config_class",
 ]
 
-
-@dataclass
-class PEConfig:
-    """Position-encoding settings; `kind` picks the registry entry."""
-
-    kind: str = "hdrope"  # rope | hdrope | nope
-    rotation_dim: int = 4  # N; ignored by rope (2) and nope
-    theta: float = 10000.0
-    basis: str = "paley"
-    seed: int = 0  # seed of the random basis
-    scaling: dict[str, Any] | None = None  # HF rope_scaling keys
-    fused: bool = False  # torch.compile the rotary kernel
+PositionEncoding = PositionModule  # what the model calls: tables / rotate / score_bias
 
 
-class PositionEncoding(Protocol):
-    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> Any: ...
-
-    def rotate(self, q: torch.Tensor, k: torch.Tensor, tables: Any) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-
-class _Rotary:
-    def __init__(self, rot: HDRotary) -> None:
-        self.rot = rot
-
-    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.rot.cos_sin(positions, dtype)
-
-    def rotate(self, q, k, tables):
-        cos, sin = tables
-        return self.rot.apply(q, cos, sin), self.rot.apply(k, cos, sin)
+def _rope(cfg: PEConfig, s: EncodingShape) -> PositionModule:
+    rot = HDRotary(s.head_dim, 2, cfg.theta, basis="identity", scaling=cfg.scaling, fused=cfg.fused)
+    return HDRotaryEncoding(rot, s.max_seq_len)
 
 
-class _NoPE:
-    def tables(self, positions, dtype):
-        return None
-
-    def rotate(self, q, k, tables):
-        return q, k
-
-
-def _rope(cfg: PEConfig, head_dim: int) -> PositionEncoding:
-    return _Rotary(HDRotary(head_dim, 2, cfg.theta, basis="identity", scaling=cfg.scaling, fused=cfg.fused))
-
-
-def _hdrope(cfg: PEConfig, head_dim: int) -> PositionEncoding:
-    rot = HDRotary(head_dim, cfg.rotation_dim, cfg.theta, cfg.basis, cfg.seed, cfg.scaling, fused=cfg.fused)
-    return _Rotary(rot)
-
-
-def _nope(cfg: PEConfig, head_dim: int) -> PositionEncoding:
-    return _NoPE()
+def _hdrope(cfg: PEConfig, s: EncodingShape) -> PositionModule:
+    rot = HDRotary(s.head_dim, cfg.rotation_dim, cfg.theta, cfg.basis, cfg.seed, cfg.scaling, fused=cfg.fused)
+    return HDRotaryEncoding(rot, s.max_seq_len)
 
 
 def _scaling_text(scaling: dict[str, Any] | None) -> str:
     return json.dumps(dict(scaling), sort_keys=True, default=str) if scaling else "none"
 
 
+def _row(kind: str, label: str, rotation_dim: int, basis: str, seed: int | None, theta: float | None,
+         scaling: str = "none") -> dict[str, Any]:
+    return {"pe_kind": kind, "pe_label": label, "rotation_dim": rotation_dim, "basis": basis, "basis_seed": seed,
+            "theta": None if theta is None else float(theta), "scaling": scaling}
+
+
 def _rope_identity(pe: PEConfig) -> dict[str, Any]:
-    return {"pe_kind": "rope", "pe_label": "RoPE", "rotation_dim": 2, "basis": "identity", "basis_seed": None,
-            "theta": float(pe.theta), "scaling": _scaling_text(pe.scaling)}
+    return _row("rope", "RoPE", 2, "identity", None, pe.theta, _scaling_text(pe.scaling))
 
 
 def _hdrope_identity(pe: PEConfig) -> dict[str, Any]:
     n, basis = int(pe.rotation_dim), str(pe.basis)
     label = "2D RoPE" if n == 2 and basis == "identity" else f"{n}D {'Paley' if basis == 'paley' else basis}"
-    return {"pe_kind": "hdrope", "pe_label": label, "rotation_dim": n, "basis": basis,
-            "basis_seed": int(pe.seed) if basis == "random" else None, "theta": float(pe.theta),
-            "scaling": _scaling_text(pe.scaling)}
+    return _row("hdrope", label, n, basis, int(pe.seed) if basis == "random" else None, pe.theta,
+                _scaling_text(pe.scaling))
 
 
-def _nope_identity(pe: PEConfig) -> dict[str, Any]:
-    return {"pe_kind": "nope", "pe_label": "NoPE", "rotation_dim": 0, "basis": "none", "basis_seed": None,
-            "theta": None, "scaling": "none"}
-
-
-def _rope_dedup(pe: PEConfig) -> PEConfig:
+def _rope_dedup(pe: Any) -> PEConfig:
     # N = 2 with any basis is RoPE or its mirror image, the same model in distribution (NOTES §1)
-    return PEConfig(kind="hdrope", rotation_dim=2, theta=pe.theta, basis="identity", seed=0, scaling=pe.scaling)
+    return PEConfig(kind="hdrope", rotation_dim=2, theta=pe.theta, basis="identity", seed=0,
+                    scaling=getattr(pe, "scaling", None))
 
 
 def _hdrope_dedup(pe: PEConfig) -> PEConfig:
@@ -122,24 +103,72 @@ def _hdrope_dedup(pe: PEConfig) -> PEConfig:
                     seed=pe.seed if pe.basis == "random" else 0, scaling=pe.scaling)
 
 
-def _nope_dedup(pe: PEConfig) -> PEConfig:
-    return PEConfig(kind="nope", rotation_dim=0, theta=0.0, basis="none", seed=0, scaling=None)
+def _as_is(pe: Any) -> Any:
+    return pe
+
+
+def _fraction_dedup(pe: Any) -> Any:
+    # fraction 1 rotates every channel at RoPE's frequencies: exactly RoPE
+    return _rope_dedup(pe) if float(pe.fraction) == 1.0 else pe
+
+
+def _learned_dedup(pe: LearnedBasisConfig) -> LearnedBasisConfig:
+    return pe if pe.init == "random" else LearnedBasisConfig(**{**vars(pe), "seed": 0})
+
+
+def _pct(x: float) -> str:
+    return f"{100 * float(x):g}%"
 
 
 @dataclass(frozen=True)
 class EncodingKind:
-    """One registered encoding: how to build it, the run's identity row, and its dedup-canonical config."""
+    """One registered encoding: config class, builder, identity row, dedup-canonical config and flags."""
 
-    build: Callable[[PEConfig, int], PositionEncoding]
-    identity: Callable[[PEConfig], dict[str, Any]]
-    dedup: Callable[[PEConfig], PEConfig]
+    config: type
+    build: Callable[[Any, EncodingShape], PositionModule]
+    identity: Callable[[Any], dict[str, Any]]
+    dedup: Callable[[Any], Any]
+    translation_invariant: bool  # q'·k' (plus any score bias) depends only on m - n
+    exportable: bool  # has an exact Hugging Face Llama equivalent (the export itself is issue 11 §5)
 
 
 POSITION_ENCODINGS: dict[str, EncodingKind] = {
-    "rope": EncodingKind(_rope, _rope_identity, _rope_dedup),
-    "hdrope": EncodingKind(_hdrope, _hdrope_identity, _hdrope_dedup),
-    "nope": EncodingKind(_nope, _nope_identity, _nope_dedup),
+    "rope": EncodingKind(PEConfig, _rope, _rope_identity, _rope_dedup, True, True),
+    "hdrope": EncodingKind(PEConfig, _hdrope, _hdrope_identity, _hdrope_dedup, True, True),
+    "nope": EncodingKind(
+        PEConfig, lambda c, s: NoPE(), lambda pe: _row("nope", "NoPE", 0, "none", None, None),
+        lambda pe: PEConfig(kind="nope", rotation_dim=0, theta=0.0, basis="none", seed=0, scaling=None), True, False),
+    "partial_rope": EncodingKind(
+        PartialRoPEConfig, lambda c, s: partial_rope(c.theta, c.fraction, s.head_dim, s.max_seq_len),
+        lambda pe: _row("partial_rope", f"Partial RoPE {_pct(pe.fraction)}", 2, "identity", None, pe.theta),
+        _fraction_dedup, True, False),
+    "p_rope": EncodingKind(
+        PRoPEConfig, lambda c, s: p_rope(c.theta, c.fraction, s.head_dim, s.max_seq_len),
+        lambda pe: _row("p_rope", f"p-RoPE {_pct(pe.fraction)}", 2, "identity", None, pe.theta),
+        _fraction_dedup, True, False),
+    "xpos": EncodingKind(
+        XPosConfig, lambda c, s: XPos(c.theta, c.gamma, c.scale_base, s.head_dim, s.max_seq_len),
+        lambda pe: _row("xpos", "xPos", 2, "identity", None, pe.theta), _as_is, True, False),
+    "alibi": EncodingKind(
+        ALiBiConfig, lambda c, s: ALiBi(s.n_heads), lambda pe: _row("alibi", "ALiBi", 0, "none", None, None),
+        _as_is, True, False),
+    "fope": EncodingKind(
+        FoPEConfig, lambda c, s: FoPE(c.theta, c.sigma, c.learnable, c.seed, s),
+        lambda pe: _row("fope", "FoPE" + (" learned" if pe.learnable else ""), 2, "fourier", int(pe.seed), pe.theta),
+        _as_is, False, False),
+    "rpe3d": EncodingKind(
+        RPE3DConfig, lambda c, s: RPE3D(c.theta, c.chunk_size, c.phi_base, s.head_dim, s.max_seq_len),
+        lambda pe: _row("rpe3d", f"3D-RPE c{pe.chunk_size}", 2, "identity", None, pe.theta), _as_is, False, False),
+    "learned_basis": EncodingKind(
+        LearnedBasisConfig,
+        lambda c, s: LearnedBasis(c.rotation_dim, c.theta, c.init, c.seed, c.per_head, c.parameterisation, s),
+        lambda pe: _row("learned_basis", f"{pe.rotation_dim}D learned ({pe.init}{', per head' if pe.per_head else ''})",
+                        int(pe.rotation_dim), f"learned-{pe.init}", int(pe.seed) if pe.init == "random" else None,
+                        pe.theta),
+        _learned_dedup, True, False),
 }
+assert set(POSITION_ENCODINGS) == set(PE_CONFIGS) and all(
+    POSITION_ENCODINGS[k].config is PE_CONFIGS[k] for k in PE_CONFIGS)
 
 # The identity row's columns and their types, as every artifact writes them (None: null).
 IDENTITY_COLUMNS: dict[str, type] = {"pe_kind": str, "pe_label": str, "rotation_dim": int, "basis": str,
@@ -148,26 +177,52 @@ IDENTITY_COLUMNS: dict[str, type] = {"pe_kind": str, "pe_label": str, "rotation_
 IDENTITY_KEYS = ("model.pe.kind", "model.pe.rotation_dim", "model.pe.basis")
 
 
-def _kind(pe: PEConfig) -> EncodingKind:
-    if pe.kind not in POSITION_ENCODINGS:
-        raise UserError(f"pe.kind={pe.kind!r} is unknown; choose one of {sorted(POSITION_ENCODINGS)}")
-    return POSITION_ENCODINGS[pe.kind]
+def _kind(kind: str) -> EncodingKind:
+    if kind not in POSITION_ENCODINGS:
+        raise UserError(f"model.pe.kind={kind!r} is unknown; choose one of {sorted(POSITION_ENCODINGS)}")
+    return POSITION_ENCODINGS[kind]
 
 
-def encoding_identity(pe: PEConfig) -> dict[str, Any]:
+def pe_config_class(kind: str) -> type:
+    """The typed config dataclass of `kind`; UserError naming model.pe.kind and the choices."""
+    return _kind(kind).config
+
+
+def _checked(pe: AnyPEConfig) -> EncodingKind:
+    kind = _kind(pe.kind)
+    if not isinstance(pe, kind.config):
+        raise UserError(f"model.pe.kind={pe.kind!r} takes a {kind.config.__name__}, got a {type(pe).__name__}; "
+                        "assemble configs with trainer.presets.merge_config")
+    return kind
+
+
+def encoding_identity(pe: AnyPEConfig) -> dict[str, Any]:
     """Which encoding a run used, as the columns of IDENTITY_COLUMNS (pe_kind, pe_label, rotation_dim, ...)."""
-    return _kind(pe).identity(pe)
+    return _checked(pe).identity(pe)
 
 
-def dedup_pe(pe: PEConfig) -> PEConfig:
+def dedup_pe(pe: AnyPEConfig) -> AnyPEConfig:
     """The canonical config of pe's equivalence class: settings that cannot change the model fixed."""
-    return copy.deepcopy(_kind(pe).dedup(pe))
+    return copy.deepcopy(_checked(pe).dedup(pe))
 
 
-def build_position_encoding(cfg: PEConfig, head_dim: int) -> PositionEncoding:
-    """Instantiate the configured encoding; UserError names the field and the choices."""
-    kind = _kind(cfg)
+def check_exportable(pe: AnyPEConfig) -> None:
+    """UserError unless the kind has an exact Hugging Face Llama equivalent (rope, hdrope)."""
+    if not _checked(pe).exportable:
+        raise UserError(f"model.pe.kind={pe.kind!r} is not exportable to Hugging Face Llama: it has no exact "
+                        "rotary equivalent there; exportable kinds: "
+                        f"{sorted(k for k, v in POSITION_ENCODINGS.items() if v.exportable)}")
+
+
+def build_position_encoding(cfg: AnyPEConfig, shape: EncodingShape | int) -> PositionModule:
+    """Instantiate the configured encoding module; an int shape is a head_dim with one head and layer.
+
+    UserError names the field and the choices."""
+    kind = _checked(cfg)
+    if isinstance(shape, int):
+        shape = EncodingShape(shape, 1, 1, 1, 1)
     try:
-        return kind.build(cfg, head_dim)
+        return kind.build(cfg, shape)
     except UserError as err:
-        raise UserError(f"pe ({cfg.kind}): {err}") from None
+        text = str(err)
+        raise UserError(text if text.startswith("model.pe.") else f"model.pe ({cfg.kind}): {text}") from None
