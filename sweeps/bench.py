@@ -39,7 +39,7 @@ def run_sweep_bench(steps: int = 30, concurrent: int = 1) -> dict:
     """Time both arms; returns the figures as a dict."""
     import ray
 
-    from sweeps.runner import _execute, _init_ray, write_plan, prepare
+    from sweeps.runner import _execute, _init_ray, prepare, write_plan
     from sweeps.tracking import default_tracking_uri
     from trainer.loop import train
 
