@@ -53,10 +53,10 @@ class LearnedBasis(PositionModule):
     def extra_repr(self) -> str:
         return f"rotation_dim={self.n}, init={self.init!r}, parameterisation={self.how!r}, heads={self.a.shape[1]}"
 
-    def generator(self, layer: int) -> torch.Tensor:
-        """K for layer: (heads or 1, N, N) in float32."""
-        u = orthogonal(self.a[layer].float(), self.how)
-        return u @ self.k0 @ u.transpose(-1, -2)
+    def generator(self, layer: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """K for layer: (heads or 1, N, N) in dtype."""
+        u = orthogonal(self.a[layer].to(dtype), self.how)
+        return u @ self.k0.to(dtype) @ u.transpose(-1, -2)
 
     def tables(self, positions, dtype):
         cos, sin = self.phases.lookup(positions, dtype)  # (b, 1, s, d/N)
@@ -65,11 +65,11 @@ class LearnedBasis(PositionModule):
     def _one(self, x: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, h, s, d = x.shape
         xb = x.to(cos.dtype).reshape(b, h, s, self.n, d // self.n)
-        kx = torch.einsum("hmn,bhsnj->bhsmj", k.to(cos.dtype).expand(h, -1, -1), xb)
+        kx = torch.einsum("hmn,bhsnj->bhsmj", k.expand(h, -1, -1), xb)
         return (xb * cos + kx * sin).reshape(b, h, s, d).to(x.dtype)
 
     def rotate(self, q, k, tables, layer=0):
         cos, sin = tables
-        gen = self.generator(layer)
+        gen = self.generator(layer, cos.dtype)
         return self._one(q, gen.repeat_interleave(self.group, dim=0) if gen.shape[0] > 1 else gen, cos, sin), \
             self._one(k, gen, cos, sin)
