@@ -283,8 +283,9 @@ def test_the_kind_picks_its_typed_config_and_other_kinds_keys_are_errors():
     with pytest.raises(UserError, match=r"model\.pe\.fraction=1\.5"):
         load_config("tiny", ["model.pe.kind=partial_rope", "model.pe.fraction=1.5"])
     with pytest.raises(UserError, match=r"model\.pe\.init='qr'"):
-        merge_config([{"model": {"pe": {"kind": "learned_basis", "init": "qr"}}}]).model.pe and Llama(
-            load_config("tiny", ["model.pe.kind=learned_basis", "model.pe.init=qr"]).model)
+        load_config("tiny", ["model.pe.kind=learned_basis", "model.pe.init=qr"])
+    pe = merge_config([{"model": {"pe": {"kind": "xpos", "gamma": 0.5}}}]).model.pe
+    assert pe == XPosConfig(gamma=0.5)
 
 
 def test_a_sweep_over_kinds_plans_with_one_label_per_kind(tmp_path):

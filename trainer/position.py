@@ -26,7 +26,6 @@ from hdrope.errors import UserError
 from trainer.encodings.alibi import ALiBi
 from trainer.encodings.base import EncodingShape, PositionModule
 from trainer.encodings.configs import (
-    PE_CONFIGS,
     ALiBiConfig,
     AnyPEConfig,
     FoPEConfig,
@@ -167,8 +166,6 @@ POSITION_ENCODINGS: dict[str, EncodingKind] = {
                         pe.theta),
         _learned_dedup, True, False),
 }
-assert set(POSITION_ENCODINGS) == set(PE_CONFIGS) and all(
-    POSITION_ENCODINGS[k].config is PE_CONFIGS[k] for k in PE_CONFIGS)
 
 # The identity row's columns and their types, as every artifact writes them (None: null).
 IDENTITY_COLUMNS: dict[str, type] = {"pe_kind": str, "pe_label": str, "rotation_dim": int, "basis": str,

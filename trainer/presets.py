@@ -20,9 +20,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from hdrope.errors import UserError
 from trainer.config import RunConfig, validate_config
-from trainer.encodings.configs import PE_CONFIGS, PEConfig
+from trainer.encodings.configs import PEConfig
 from trainer.model import ModelArgs
-from trainer.position import pe_config_class
+from trainer.position import POSITION_ENCODINGS, pe_config_class
 
 __all__ = [
     "EXPERIMENTS_DIR",
@@ -107,7 +107,7 @@ def select_pe_kind(layers: list, where: str = "config") -> tuple[str, list]:
             found = OmegaConf.select(node, "model.pe.kind", default=None, throw_on_missing=False)
         if found is not None:
             if not isinstance(found, str):
-                raise UserError(f"{where}: model.pe.kind={found!r} must be a name, one of {sorted(PE_CONFIGS)}")
+                raise UserError(f"{where}: model.pe.kind={found!r} must be a name, one of {sorted(POSITION_ENCODINGS)}")
             try:
                 new_cls = pe_config_class(found)
             except UserError as err:

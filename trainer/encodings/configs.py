@@ -93,11 +93,5 @@ class LearnedBasisConfig:
     parameterisation: str = "expm"  # expm | cayley
 
 
-PE_CONFIGS: dict[str, type] = {
-    "rope": PEConfig, "hdrope": PEConfig, "nope": PEConfig, "partial_rope": PartialRoPEConfig,
-    "p_rope": PRoPEConfig, "xpos": XPosConfig, "alibi": ALiBiConfig, "fope": FoPEConfig, "rpe3d": RPE3DConfig,
-    "learned_basis": LearnedBasisConfig,
-}
-
 AnyPEConfig = (PEConfig | PartialRoPEConfig | PRoPEConfig | XPosConfig | ALiBiConfig | FoPEConfig | RPE3DConfig
                | LearnedBasisConfig)

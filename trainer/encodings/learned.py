@@ -70,6 +70,6 @@ class LearnedBasis(PositionModule):
 
     def rotate(self, q, k, tables, layer=0):
         cos, sin = tables
-        gen = self.generator(layer, cos.dtype)
-        return self._one(q, gen.repeat_interleave(self.group, dim=0) if gen.shape[0] > 1 else gen, cos, sin), \
-            self._one(k, gen, cos, sin)
+        gen = self.generator(layer, cos.dtype)  # (KV heads or 1, N, N)
+        gen_q = gen.repeat_interleave(self.group, dim=0) if gen.shape[0] > 1 else gen
+        return self._one(q, gen_q, cos, sin), self._one(k, gen, cos, sin)
