@@ -377,3 +377,18 @@ def test_a_sweep_over_new_kinds_runs_and_reports_one_label_per_kind(cache_dir, t
     md = build_report(plan.root).read_text()
     for label in labels.values():
         assert f"| {label} |" in md, label
+
+
+@pytest.mark.parametrize("kind", ["rope", "fope", "rpe3d"])
+def test_position_tables_are_cached_from_the_train_length_and_grow_with_longer_inputs(kind):
+    enc = build_position_encoding(pe_config_class(kind)(kind=kind), SHAPE)
+    assert enc.state_dict().keys().isdisjoint({"cos", "sin", "phases.cos", "phases.sin"})
+    table = enc if kind == "rope" else enc.phases
+    assert table.cos.shape[0] == SHAPE.max_seq_len
+    first = enc.tables(torch.arange(5), torch.float32)
+    assert table.cos.shape[0] == SHAPE.max_seq_len  # no recomputation inside the train length
+    longer = enc.tables(torch.arange(100), torch.float32)
+    assert table.cos.shape[0] == 128
+    torch.testing.assert_close(longer[0][..., :5, :], first[0])
+    exact = enc.tables(torch.arange(100), torch.float64)  # float64 is computed afresh, the cache agrees
+    torch.testing.assert_close(longer[0].double(), exact[0], atol=1e-6, rtol=0)

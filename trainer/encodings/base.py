@@ -49,12 +49,14 @@ class PhaseTable(nn.Module):
     Phases are formed in float64 and stored in float32; float64 requests are computed afresh.
     """
 
-    def __init__(self, freqs: torch.Tensor, min_len: int) -> None:
+    def __init__(self, freqs: torch.Tensor, min_len: int, prefill: bool = True) -> None:
         super().__init__()
         self.register_buffer("freqs", freqs.to(torch.float64), persistent=False)
         self.register_buffer("cos", torch.empty(0, freqs.numel()), persistent=False)
         self.register_buffer("sin", torch.empty(0, freqs.numel()), persistent=False)
         self.min_len = int(min_len)
+        if prefill:  # the train length is cached at construction; longer inputs extend it
+            self._extend(self.min_len)
 
     def extra_repr(self) -> str:
         return f"n_freqs={self.freqs.numel()}, cached_len={self.cos.shape[0]}"

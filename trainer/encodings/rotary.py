@@ -21,9 +21,16 @@ class HDRotaryEncoding(PositionModule):
         self.rot, self.min_len = rot, int(min_len)
         self.register_buffer("cos", torch.empty(0, rot.head_dim), persistent=False)
         self.register_buffer("sin", torch.empty(0, rot.head_dim), persistent=False)
+        if not is_seq_dependent(rot.scaling):
+            self._extend(self.min_len, self.cos.device)
 
     def extra_repr(self) -> str:
         return f"cached_len={self.cos.shape[0]}"
+
+    def _extend(self, needed: int, device: torch.device) -> None:
+        length = max(self.min_len, 1 << max(needed - 1, 0).bit_length())
+        cos, sin = self.rot.cos_sin(torch.arange(length, device=device), torch.float32)
+        self.cos, self.sin = cos[0, 0], sin[0, 0]
 
     def tables(self, positions, dtype):
         if compute_dtype(dtype) == torch.float64 or is_seq_dependent(self.rot.scaling):
@@ -31,9 +38,7 @@ class HDRotaryEncoding(PositionModule):
         pos = positions if positions.dim() == 2 else positions.unsqueeze(0)
         needed = int(pos.max().item()) + 1 if pos.numel() else 1
         if needed > self.cos.shape[0]:
-            length = max(self.min_len, 1 << max(needed - 1, 0).bit_length())
-            cos, sin = self.rot.cos_sin(torch.arange(length, device=pos.device), torch.float32)
-            self.cos, self.sin = cos[0, 0], sin[0, 0]
+            self._extend(needed, self.cos.device)
         pos = pos.to(self.cos.device)
         return self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
 
@@ -137,8 +142,9 @@ class ChunkPhaseTable(PhaseTable):
     """3D-RPE phases: (p mod c)·θ_i + π/2 - φ_j with φ_j = base^(-j), j = p // c, on every pair i."""
 
     def __init__(self, freqs: torch.Tensor, min_len: int, chunk: int, phi_base: float) -> None:
-        super().__init__(freqs, min_len)
+        super().__init__(freqs, min_len, prefill=False)
         self.chunk, self.phi_base = int(chunk), float(phi_base)
+        self._extend(self.min_len)
 
     def angles(self, pos: torch.Tensor) -> torch.Tensor:
         chunk_index = torch.div(pos, self.chunk, rounding_mode="floor")
