@@ -16,7 +16,7 @@ import pandas as pd
 
 __all__ = ["LABEL_KEYS", "THETA_KEY", "theta_text", "trained", "value_text", "variant_axes", "with_variants"]
 
-LABEL_KEYS = ("model.pe.kind", "model.pe.rotation_dim", "model.pe.basis", "model.pe.fraction")  # pe_label says it
+LABEL_KEYS = ("model.pe.kind", "model.pe.rotation_dim", "model.pe.basis")  # what pe_label already says
 THETA_KEY = "model.pe.theta"
 
 

@@ -1,115 +1,394 @@
-"""The registered position encodings beyond RoPE/HD-RoPE/NoPE: partial RoPE, p-RoPE and ALiBi, each from its
-formula, registered as a module of the model, translation-invariant where claimed, trainable, with its identity."""
+"""Position-encoding kinds: reference formulas, translation invariance, module registration, configs, training."""
+
+from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
-from trainer.model import KVCache, Llama
+from hdrope import HDRotary
+from hdrope.errors import UserError
+from trainer.encodings.alibi import alibi_slopes
+from trainer.encodings.base import EncodingShape
+from trainer.encodings.configs import (
+    ALiBiConfig,
+    FoPEConfig,
+    LearnedBasisConfig,
+    PartialRoPEConfig,
+    PEConfig,
+    PRoPEConfig,
+    RPE3DConfig,
+    XPosConfig,
+)
+from trainer.encodings.fope import fope_frequencies, step_eye
+from trainer.encodings.learned import orthogonal
+from trainer.model import KVCache, Llama, ModelArgs
 from trainer.position import (
     POSITION_ENCODINGS,
-    PEConfig,
-    alibi_slopes,
     build_position_encoding,
+    check_exportable,
     dedup_pe,
     encoding_identity,
+    pe_config_class,
 )
-from trainer.presets import load_config
+from trainer.presets import load_config, merge_config
+
+D = 16  # head_dim of the unit tests
+SHAPE = EncodingShape(head_dim=D, n_heads=4, n_kv_heads=2, n_layers=2, max_seq_len=32)
 
 
-def _rope_ref(x, pos, theta):
-    d = x.shape[-1]
-    inv = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    ang = pos.double()[:, None] * inv[None]
-    cos, sin = torch.cat([ang.cos()] * 2, -1).float(), torch.cat([ang.sin()] * 2, -1).float()
-    return x * cos + torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1) * sin
+def _pairs(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return x[: len(x) // 2], x[len(x) // 2:]
 
 
-def test_partial_rope_rotates_the_first_share_of_channels_neox_style():
-    pe = build_position_encoding(PEConfig(kind="partial_rope", fraction=0.25, theta=1e4), 64)
-    q = torch.randn(1, 2, 12, 64)
-    pos = torch.arange(12) + 50
-    out, _ = pe.rotate(q, q, pe.tables(pos, q.dtype))
-    torch.testing.assert_close(out[..., :16], _rope_ref(q[..., :16], pos, 1e4), atol=1e-5, rtol=0)
-    assert torch.equal(out[..., 16:], q[..., 16:])
+def _rotate_ref(x: np.ndarray, angles: np.ndarray) -> np.ndarray:
+    """Pairs (j, j + d/2) of a vector turned by the given angles (one per pair), written out."""
+    a, b = _pairs(x)
+    return np.concatenate([a * np.cos(angles) - b * np.sin(angles), b * np.cos(angles) + a * np.sin(angles)])
 
 
-def test_p_rope_keeps_the_fastest_share_of_frequencies_and_freezes_the_rest():
-    pe = build_position_encoding(PEConfig(kind="p_rope", fraction=0.25, theta=1e4), 64)
-    q = torch.randn(1, 2, 12, 64)
-    pos = torch.arange(12) + 50
-    out, _ = pe.rotate(q, q, pe.tables(pos, q.dtype))
-    ref = _rope_ref(q, pos, 1e4)
-    kept = [*range(8), *range(32, 40)]  # pairs 0..7 (the 8 fastest of 32) = channels i and i + 32
-    frozen = [c for c in range(64) if c not in kept]
-    torch.testing.assert_close(out[..., kept], ref[..., kept], atol=1e-5, rtol=0)
-    assert torch.equal(out[..., frozen], q[..., frozen])
+def _apply(pe, x: torch.Tensor, p: int, layer: int = 0) -> np.ndarray:
+    """The module's transform of one (heads, d) query at position p, as float64 numpy."""
+    enc = build_position_encoding(pe, SHAPE)
+    q = x.reshape(1, x.shape[0], 1, D).double()
+    k = torch.zeros(1, SHAPE.n_kv_heads, 1, D, dtype=torch.float64)
+    out, _ = enc.rotate(q, k, enc.tables(torch.tensor([p]), torch.float64), layer)
+    return out[0, :, 0].detach().numpy()
 
 
-def test_alibi_slopes_and_bias_follow_the_paper():
-    assert alibi_slopes(8).tolist() == [2.0 ** -(h + 1) for h in range(8)]
-    assert alibi_slopes(6).tolist() == pytest.approx([2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1, 2 ** -3])
-    pe = build_position_encoding(PEConfig(kind="alibi"), 16, n_heads=4)
-    bias = pe.bias(torch.arange(5), torch.arange(5), torch.float32)
-    assert bias.shape == (4, 5, 5) and bias[1, 4, 1].item() == pytest.approx(-(2 ** -4) * 3)
+ROPE_FREQ = 10000.0 ** (-np.arange(D // 2) * 2 / D)
 
 
-@pytest.mark.parametrize("kind", sorted(POSITION_ENCODINGS))
-def test_scores_depend_only_on_relative_position_for_kinds_that_claim_it(kind):
-    pe = build_position_encoding(PEConfig(kind=kind, rotation_dim=4, basis="paley", fraction=0.5), 32, 64, 2)
-    q, k = torch.randn(1, 2, 1, 32, dtype=torch.float64), torch.randn(1, 2, 1, 32, dtype=torch.float64)
-
-    def score(m: int, n: int) -> torch.Tensor:
-        rq, _ = pe.rotate(q, q, pe.tables(torch.tensor([m]), q.dtype))
-        _, rk = pe.rotate(k, k, pe.tables(torch.tensor([n]), k.dtype))
-        s = (rq * rk).sum(-1)[0, :, 0]
-        b = pe.bias(torch.tensor([m]), torch.tensor([n]), torch.float64)
-        return s + (0 if b is None else b[:, 0, 0])
-
-    assert pe.translation_invariant
-    for m, n, t in [(7, 3, 100), (50, 2, 1000), (9, 9, 33)]:
-        torch.testing.assert_close(score(m, n), score(m + t, n + t), atol=1e-9, rtol=0)
+def test_partial_rope_rotates_the_first_fraction_of_channels_neox_style():
+    x = torch.randn(SHAPE.n_heads, D, dtype=torch.float64)
+    got = _apply(PartialRoPEConfig(fraction=0.5), x, 7)
+    r = D // 2
+    freqs = 10000.0 ** (-np.arange(r // 2) * 2 / r)
+    for h in range(SHAPE.n_heads):
+        xn = x[h].numpy()
+        want = np.concatenate([_rotate_ref(xn[:r], 7 * freqs), xn[r:]])
+        np.testing.assert_allclose(got[h], want, atol=1e-12)
 
 
-@pytest.mark.parametrize("kind", sorted(POSITION_ENCODINGS))
-def test_every_kind_is_a_module_of_the_model_and_decodes_with_a_cache(kind):
-    cfg = load_config("tiny", [f"model.pe.kind={kind}", "model.pe.fraction=0.5"])
-    torch.manual_seed(0)
-    model = Llama(cfg.model).eval()
-    assert "pe" in dict(model.named_children()) and type(model.pe).__name__ in repr(model)
-    x = torch.randint(0, 259, (1, 20))
+def test_p_rope_keeps_the_highest_frequencies_and_zeroes_the_rest():
+    x = torch.randn(SHAPE.n_heads, D, dtype=torch.float64)
+    got = _apply(PRoPEConfig(fraction=0.25), x, 5)
+    freqs = ROPE_FREQ.copy()
+    freqs[int(0.25 * D // 2):] = 0.0  # 2 of 8 kept: θ_0 = 1 and θ_1
+    assert np.count_nonzero(freqs) == 2
+    for h in range(SHAPE.n_heads):
+        np.testing.assert_allclose(got[h], _rotate_ref(x[h].numpy(), 5 * freqs), atol=1e-12)
+
+
+def test_xpos_is_rope_with_a_per_frequency_decay():
+    x = torch.randn(SHAPE.n_heads, D, dtype=torch.float64)
+    got = _apply(XPosConfig(gamma=0.4, scale_base=64.0), x, 9)
+    zeta = (np.arange(0, D, 2) + 0.4 * D) / (1.4 * D)
+    scale = np.concatenate([zeta, zeta]) ** (9 / 64.0)
+    for h in range(SHAPE.n_heads):
+        np.testing.assert_allclose(got[h], _rotate_ref(x[h].numpy(), 9 * ROPE_FREQ) * scale, atol=1e-12)
+
+
+def test_rpe3d_is_the_papers_chunked_rotation():
+    x = torch.randn(SHAPE.n_heads, D, dtype=torch.float64)
+    c, base = 4, 100.0
+    for p in (0, 3, 4, 9, 13):
+        got = _apply(RPE3DConfig(chunk_size=c, phi_base=base), x, p)
+        j, m = p // c, p % c
+        phi = base ** (-j)
+        for h in range(SHAPE.n_heads):
+            a, b = _pairs(x[h].numpy())
+            perp = np.concatenate([-b, a])  # h⊥ = (-h², h¹) on each pair
+            mixed = np.cos(phi) * perp + np.sin(phi) * x[h].numpy()
+            np.testing.assert_allclose(got[h], _rotate_ref(mixed, m * ROPE_FREQ), atol=1e-12)
+
+
+def test_alibi_slopes_follow_the_reference_including_non_powers_of_two():
+    np.testing.assert_allclose(alibi_slopes(8).numpy(), [2.0 ** -i for i in range(1, 9)])
+    np.testing.assert_allclose(alibi_slopes(6).numpy(), [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1, 2 ** -3])
+
+
+def test_fope_sizes_and_step_eye_follow_the_official_defaults():
+    assert fope_frequencies(10000.0, 64, 512).numel() == 16
+    assert fope_frequencies(10000.0, 64, 1024).numel() == 18
+    eye = step_eye(18, 16)  # step 2: ones at (0,0), (2,1), ..., (16,8); columns 9.. stay empty
+    assert eye.sum() == 9 and eye[16, 8] == 1 and eye[:, 9:].sum() == 0
+    assert torch.equal(step_eye(5, 5), torch.eye(5))
+
+
+def test_fope_is_its_fourier_series_formula():
+    pe = FoPEConfig(sigma=0.3, seed=3)
+    enc = build_position_encoding(pe, SHAPE)
+    freqs = fope_frequencies(10000.0, D, SHAPE.max_seq_len).numpy()
+    d_in, d_out = len(freqs), min(len(freqs), D // 4)
+    assert enc.w_sin.shape == (SHAPE.n_layers, SHAPE.n_kv_heads, d_in, d_out)
+    x = torch.randn(SHAPE.n_heads, D, dtype=torch.float64)
+    for layer, p in ((0, 5), (1, 11)):
+        got = _apply(pe, x, p, layer)
+        for h in range(SHAPE.n_heads):
+            g = h // (SHAPE.n_heads // SHAPE.n_kv_heads)
+            ws, wc = enc.w_sin[layer, g].double().numpy(), enc.w_cos[layer, g].double().numpy()
+            s = np.ones(D // 2)
+            c = np.ones(D // 2)
+            s[:d_out] = np.sin(p * freqs) @ ws
+            c[:d_out] = np.cos(p * freqs) @ wc
+            a, b = _pairs(x[h].numpy())
+            want = np.concatenate([a * c - b * s, b * c + a * s])
+            np.testing.assert_allclose(got[h], want, atol=1e-5)  # the coefficients are stored in float32
+
+
+def test_fope_noise_has_the_xavier_std_and_is_saved_not_trained():
+    shape = EncodingShape(head_dim=64, n_heads=8, n_kv_heads=8, n_layers=4, max_seq_len=512)
+    enc = build_position_encoding(FoPEConfig(sigma=0.3), shape)
+    noise = enc.w_sin - step_eye(16, 16)
+    want = 0.3 * math.sqrt(2 / (16 * (16 + 8)))
+    assert abs(noise.std().item() / want - 1) < 0.1
+    assert not list(enc.parameters()) and {"w_sin", "w_cos"} <= set(enc.state_dict())
+    learned = build_position_encoding(FoPEConfig(learnable=True), shape)
+    assert {n for n, _ in learned.named_parameters()} == {"w_sin", "w_cos"}
+    again = build_position_encoding(FoPEConfig(sigma=0.3), shape)
+    assert torch.equal(again.w_sin, enc.w_sin)  # seeded by model.pe.seed, not by the global RNG
+
+
+def test_learned_basis_starts_exactly_at_hdrope_with_its_basis():
+    for init in ("identity", "paley", "random"):
+        pe = LearnedBasisConfig(rotation_dim=4, init=init, seed=1)
+        rot = HDRotary(D, 4, 10000.0, init, 1)
+        x = torch.randn(SHAPE.n_heads, D, dtype=torch.float64)
+        for p in (1, 6):
+            got = _apply(pe, x, p)
+            want = x.numpy() @ rot.rotation_matrix(p).T
+            np.testing.assert_allclose(got, want, atol=1e-6, err_msg=init)
+
+
+@pytest.mark.parametrize("how", ["expm", "cayley"])
+def test_learned_basis_stays_exactly_orthogonal(how):
+    a = torch.randn(3, 8, 8, dtype=torch.float64)
+    q = orthogonal(a, how)
+    torch.testing.assert_close(q @ q.transpose(-1, -2), torch.eye(8, dtype=torch.float64).expand(3, 8, 8))
+    enc = build_position_encoding(LearnedBasisConfig(parameterisation=how, per_head=True), SHAPE)
     with torch.no_grad():
-        full = model(x)
-        cache = KVCache(cfg.model.n_layers)
-        steps = [model(x[:, :12], cache=cache)] + [model(x[:, t:t + 1], cache=cache) for t in range(12, 20)]
-    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+        enc.a.normal_()
+    x = torch.randn(1, SHAPE.n_heads, 5, D, dtype=torch.float64)
+    out, _ = enc.rotate(x, x[:, :2], enc.tables(torch.arange(5), torch.float64), 1)
+    torch.testing.assert_close(out.norm(dim=-1), x.norm(dim=-1))
 
 
-@pytest.mark.parametrize("kind", ["partial_rope", "p_rope", "alibi"])
-def test_each_new_kind_trains_and_writes_its_identity(kind, tiny_cfg):
-    from trainer.loop import train
-    from trainer.run_files import read_metrics
+def _scores(kind: str, m: int, n: int, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Logit of a query at position m on a key at n (per head), bias included, from the module."""
+    pe = pe_config_class(kind)(kind=kind)
+    enc = build_position_encoding(pe, SHAPE)
+    if kind == "learned_basis":
+        with torch.no_grad():
+            enc.a.copy_(torch.randn(enc.a.shape, generator=torch.Generator().manual_seed(1)))
+    if kind == "rpe3d":
+        enc = build_position_encoding(RPE3DConfig(chunk_size=4, phi_base=3.0), SHAPE)
+    pos = torch.tensor([m, n])
+    rq, rk = enc.rotate(q.expand(1, -1, 2, -1), k.expand(1, -1, 2, -1), enc.tables(pos, torch.float64))
+    rk = rk.repeat_interleave(SHAPE.n_heads // SHAPE.n_kv_heads, dim=1)
+    s = (rq[0, :, 0] * rk[0, :, 1]).sum(-1)
+    bias = enc.score_bias(torch.tensor([m]), n + 1)
+    return s if bias is None else s + bias[:, 0, n].double()
 
-    cfg = tiny_cfg(f"model.pe.kind={kind}", "train.steps=30", "eval.passkey.enabled=false", "dump.enabled=true",
-                   "dump.samples=1")
-    result = train(cfg)
-    losses = [r["train_loss"] for r in read_metrics(result.run_dir / "metrics.jsonl") if "train_loss" in r]
-    assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
-    ident = encoding_identity(cfg.model.pe)
-    assert ident["pe_kind"] == kind and ident["pe_label"] in {"partial RoPE 0.25", "p-RoPE 0.25", "ALiBi"}
+
+@pytest.mark.parametrize("kind", sorted(POSITION_ENCODINGS))
+def test_translation_invariance_is_what_each_kind_claims(kind):
+    torch.manual_seed(0)
+    q = torch.randn(1, SHAPE.n_heads, 1, D, dtype=torch.float64)
+    k = torch.randn(1, SHAPE.n_kv_heads, 1, D, dtype=torch.float64)
+    base = _scores(kind, 7, 2, q, k)
+    shifted = [_scores(kind, 7 + t, 2 + t, q, k) for t in (1, 5, 13)]
+    invariant = all(torch.allclose(base, s, atol=1e-9) for s in shifted)
+    assert invariant == POSITION_ENCODINGS[kind].translation_invariant
+
+
+def _tiny_args(kind: str, **fields) -> ModelArgs:
+    return ModelArgs(vocab_size=32, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=128, max_seq_len=32,
+                     pe=pe_config_class(kind)(kind=kind, **fields))
+
+
+@pytest.mark.parametrize("kind", sorted(POSITION_ENCODINGS))
+def test_the_encoding_is_a_registered_module_and_decodes_with_a_kv_cache(kind):
+    torch.manual_seed(0)
+    model = Llama(_tiny_args(kind)).eval()
+    assert "(pe):" in repr(model)
+    assert not any("phases" in k or k.endswith((".cos", ".sin")) for k in model.state_dict())  # caches
+    tokens = torch.randint(0, 32, (2, 12))
+    with torch.no_grad():
+        full = model(tokens)
+        cache = KVCache(2)
+        steps = [model(tokens[:, :5], cache=cache)] + [model(tokens[:, i:i + 1], cache=cache) for i in range(5, 12)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", sorted(POSITION_ENCODINGS))
+def test_every_kind_trains(kind):
+    """A tiny model learns a periodic sequence with each encoding (loss falls well below its start)."""
+    torch.manual_seed(0)
+    extra = {"learnable": True} if kind == "fope" else {}
+    model = Llama(_tiny_args(kind, **extra))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    tokens = (torch.arange(33).repeat(4, 1) * 3 + torch.arange(4)[:, None]) % 7
+    losses = []
+    for _ in range(40):
+        logits = model(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 32), tokens[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0], (kind, losses[0], losses[-1])
+    if kind in ("learned_basis", "fope"):
+        assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.pe.parameters())
+
+
+def test_checkpoint_state_holds_fixed_random_tensors_but_not_caches():
+    model = Llama(_tiny_args("fope"))
+    model(torch.zeros(1, 8, dtype=torch.long))
+    keys = set(model.state_dict())
+    assert {"pe.w_sin", "pe.w_cos"} <= keys and not any(k.startswith("pe.phases") for k in keys)
+    assert "pe.a" in set(Llama(_tiny_args("learned_basis")).state_dict())
+
+
+def test_only_rope_and_hdrope_are_exportable():
+    for kind in POSITION_ENCODINGS:
+        pe = pe_config_class(kind)(kind=kind)
+        if kind in ("rope", "hdrope"):
+            check_exportable(pe)
+        else:
+            with pytest.raises(UserError, match=f"kind='{kind}' is not exportable"):
+                check_exportable(pe)
+
+
+def test_each_kind_has_its_own_label_and_identity_columns():
+    labels = {encoding_identity(pe_config_class(k)(kind=k))["pe_label"] for k in POSITION_ENCODINGS}
+    assert len(labels) == len(POSITION_ENCODINGS)
+    assert encoding_identity(ALiBiConfig())["theta"] is None
+    assert dedup_pe(PartialRoPEConfig(fraction=1.0)) == dedup_pe(PEConfig(kind="rope"))
+    assert dedup_pe(PRoPEConfig(fraction=1.0)) == dedup_pe(PEConfig(kind="rope"))
+    assert dedup_pe(LearnedBasisConfig(seed=5)) == dedup_pe(LearnedBasisConfig(seed=0))
+    assert dedup_pe(FoPEConfig(seed=5)) != dedup_pe(FoPEConfig(seed=0))
+
+
+def test_the_kind_picks_its_typed_config_and_other_kinds_keys_are_errors():
+    cfg = load_config("tiny", ["model.pe.kind=fope", "model.pe.sigma=0.4"])
+    assert isinstance(cfg.model.pe, FoPEConfig) and cfg.model.pe.sigma == 0.4  # preset's rotation_dim dropped
+    assert isinstance(load_config("tiny", ["model.pe.kind=rope"]).model.pe, PEConfig)
+    with pytest.raises(UserError, match=r"model\.pe\.basis.*kind='fope' has the keys"):
+        load_config("tiny", ["model.pe.kind=fope", "model.pe.basis=paley"])
+    with pytest.raises(UserError, match=r"model\.pe\.chunk_size=0"):
+        load_config("tiny", ["model.pe.kind=rpe3d", "model.pe.chunk_size=0"])
+    with pytest.raises(UserError, match=r"model\.pe\.fraction=1\.5"):
+        load_config("tiny", ["model.pe.kind=partial_rope", "model.pe.fraction=1.5"])
+    with pytest.raises(UserError, match=r"model\.pe\.init='qr'"):
+        load_config("tiny", ["model.pe.kind=learned_basis", "model.pe.init=qr"])
+    pe = merge_config([{"model": {"pe": {"kind": "xpos", "gamma": 0.5}}}]).model.pe
+    assert pe == XPosConfig(gamma=0.5)
+
+
+def test_a_sweep_over_kinds_plans_with_one_label_per_kind(tmp_path):
+    from sweeps.plan import make_plan
+    from sweeps.spec import load_spec
+
+    spec = tmp_path / "kinds.yaml"
+    kinds = sorted(POSITION_ENCODINGS)
+    spec.write_text(f"name: k\nbase: tiny\nstorage: {tmp_path}\naxes:\n  model.pe.kind: {kinds}\n"
+                    "  model.pe.theta: [1.0e4, 5.0e5]\n".replace("'", ""))
+    with pytest.raises(UserError, match="theta"):  # nope and alibi have no theta: a clear error, not a silent cell
+        make_plan(load_spec(spec))
+    with_theta = [k for k in kinds if "theta" in pe_config_class(k).__dataclass_fields__]
+    spec.write_text(f"name: k\nbase: tiny\nstorage: {tmp_path}\naxes:\n  model.pe.kind: {with_theta}\n"
+                    "  model.pe.theta: [1.0e4, 5.0e5]\n".replace("'", ""))
+    plan = make_plan(load_spec(spec))
+    labels = {(encoding_identity(c.config.model.pe)["pe_label"], c.config.model.pe.theta) for c in plan.to_run}
+    assert len(plan.cells) == 2 * len(with_theta)
+    assert len(plan.to_run) == len(labels) == 2 * len(with_theta) - 1  # NoPE ignores θ: its two cells are one
+
+
+@pytest.mark.parametrize("kind", ["fope", "alibi", "learned_basis"])
+def test_a_tiny_run_of_a_new_kind_writes_its_identity_everywhere(tiny_cfg, kind):
     import pyarrow.parquet as pq
 
-    dump = pq.read_table(result.run_dir / "attention" / "attention.parquet", columns=["pe_label"]).to_pylist()
-    assert {r["pe_label"] for r in dump} == {ident["pe_label"]}
+    from trainer.checkpoint import load_checkpoint
+    from trainer.loop import train
+
+    cfg = tiny_cfg(f"model.pe.kind={kind}", "train.steps=4", "train.eval_every=0", "train.ckpt_every=0",
+                   "dump.enabled=true", "dump.samples=1", "eval.passkey.length_factors=[2.0]",
+                   "eval.passkey.depths=1", out=kind)
+    result = train(cfg)
+    want = encoding_identity(cfg.model.pe)
+    for table in (result.run_dir / "passkey.parquet", result.run_dir / "attention" / "attention.parquet"):
+        rows = pq.read_table(table).to_pandas()
+        assert set(rows["pe_label"]) == {want["pe_label"]} and set(rows["pe_kind"]) == {kind}
+    assert math.isfinite(result.metrics["val_loss"])
+    model = Llama(cfg.model)
+    load_checkpoint(result.checkpoint, model)  # the encoding's tensors round-trip with the checkpoint
+    trained = {k: v for k, v in model.state_dict().items() if k.startswith("pe.")}
+    assert trained or kind == "alibi"
+    if kind == "learned_basis":  # the optimizer saw the basis parameters and the checkpoint kept them
+        assert model.pe.a.abs().sum() > 0
 
 
-def test_a_fraction_of_one_is_rope_for_dedup_and_bad_fractions_name_the_key():
-    rope = dedup_pe(PEConfig(kind="rope", theta=1e4))
-    assert dedup_pe(PEConfig(kind="partial_rope", fraction=1.0, theta=1e4)) == rope
-    assert dedup_pe(PEConfig(kind="p_rope", fraction=1.0, theta=1e4)) == rope
-    assert dedup_pe(PEConfig(kind="p_rope", fraction=0.5, theta=1e4)) != rope
-    from hdrope.errors import UserError
+NEW_KIND_SPEC = """\
+name: newkinds
+base: tiny
+storage: {storage}
+overrides:
+  data.cache_dir: {cache}
+  train.steps: 4
+  train.eval_every: 0
+  train.ckpt_every: 0
+  eval.passkey.length_factors: [2.0]
+  eval.passkey.depths: 1
+  dump.enabled: true
+  dump.samples: 1
+axes:
+  model.pe.kind: [rope, rpe3d, fope, xpos, alibi]
+"""
 
-    with pytest.raises(UserError, match=r"model.pe.fraction=1.5: must be in \(0, 1\]"):
-        build_position_encoding(PEConfig(kind="p_rope", fraction=1.5), 64)
+
+def test_a_sweep_over_new_kinds_runs_and_reports_one_label_per_kind(cache_dir, tmp_path):
+    """Plan, train, results.parquet and the report: every kind under its own label, from encoding_identity."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from analysis.report import build_report
+    from sweeps.plan import make_plan
+    from sweeps.results import write_results
+    from sweeps.spec import load_spec
+    from sweeps.trainable import plan_payload
+    from trainer.loop import train
+
+    spec = tmp_path / "newkinds.yaml"
+    spec.write_text(NEW_KIND_SPEC.format(storage=tmp_path / "store", cache=cache_dir))
+    plan = make_plan(load_spec(spec))
+    payload = plan_payload(plan)
+    plan.root.mkdir(parents=True)
+    (plan.root / "plan.json").write_text(json.dumps(payload, default=str))
+    for cell in plan.to_run:
+        train(cell.config)
+    write_results(payload)
+    results = pq.read_table(plan.root / "results.parquet").to_pandas()
+    labels = {c.config.model.pe.kind: encoding_identity(c.config.model.pe)["pe_label"] for c in plan.to_run}
+    assert dict(zip(results["pe_kind"], results["pe_label"], strict=True)) == labels
+    md = build_report(plan.root).read_text()
+    for label in labels.values():
+        assert f"| {label} |" in md, label
+
+
+@pytest.mark.parametrize("kind", ["rope", "fope", "rpe3d"])
+def test_position_tables_are_cached_from_the_train_length_and_grow_with_longer_inputs(kind):
+    enc = build_position_encoding(pe_config_class(kind)(kind=kind), SHAPE)
+    assert enc.state_dict().keys().isdisjoint({"cos", "sin", "phases.cos", "phases.sin"})
+    table = enc if kind == "rope" else enc.phases
+    assert table.cos.shape[0] == SHAPE.max_seq_len
+    first = enc.tables(torch.arange(5), torch.float32)
+    assert table.cos.shape[0] == SHAPE.max_seq_len  # no recomputation inside the train length
+    longer = enc.tables(torch.arange(100), torch.float32)
+    assert table.cos.shape[0] == 128
+    torch.testing.assert_close(longer[0][..., :5, :], first[0])
+    exact = enc.tables(torch.arange(100), torch.float64)  # float64 is computed afresh, the cache agrees
+    torch.testing.assert_close(longer[0].double(), exact[0], atol=1e-6, rtol=0)

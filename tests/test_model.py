@@ -114,7 +114,7 @@ def test_init_std_and_tied_embeddings():
     [
         ("compact", ["model.pe.rotation_dim=6"], "rotation_dim=6 does not divide head_dim=64"),
         ("compact", ["model.n_kv_heads=3"], "n_heads=4 is not divisible by model.n_kv_heads=3"),
-        ("compact", ["model.pe.kind=fope"], "pe.kind='fope' is unknown"),
+        ("compact", ["model.pe.kind=t5"], "pe.kind='t5' is unknown"),
         ("compact", ["model.pe.basis=qr"], "unknown basis"),
         ("compact", ["model.pe.theta=0.5"], "theta must be > 1"),
         ("compact", ["model.pe.rotation_dim=16", "model.pe.basis=paley"], "14 or 18"),

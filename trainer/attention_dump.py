@@ -129,7 +129,8 @@ def dump_attention(model: Llama, tokens: torch.Tensor, cfg: DumpConfig, ids: Dum
     tensor_type = pa.fixed_shape_tensor(pa.float16(), [length, length])
     meta = {b"hdrope.dump_schema": DUMP_SCHEMA_VERSION.encode()}
     causal = torch.ones(length, length, dtype=torch.bool).tril()
-    bias = model.attention_bias(torch.arange(length))  # ALiBi's per-head bias; None for q/k encodings
+    bias = model.pe.score_bias(torch.arange(length), length)
+    bias = None if bias is None else bias.float().cpu()
     writer, profiles = None, []
     try:
         for layer in layers:
@@ -137,8 +138,8 @@ def dump_attention(model: Llama, tokens: torch.Tensor, cfg: DumpConfig, ids: Dum
             q, k = q.float().cpu(), k.float().cpu()
             k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)[:, heads]
             logits = (q[:, heads] @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-            if bias is not None:  # the logits the model attends with (masked entries stay masked below)
-                logits = logits + bias.cpu()[heads].nan_to_num(neginf=0.0)
+            if bias is not None:  # attention-bias encodings (ALiBi): the logits the model's softmax sees
+                logits = logits + bias[heads]
             profiles.append(_distance_profile(logits))
             probs = torch.softmax(logits.masked_fill(~causal, float("-inf")), dim=-1)  # (samples, heads, L, L)
             n = probs.shape[0] * probs.shape[1]

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from hdrope.errors import UserError
-from trainer.position import PEConfig, PositionEncoding, build_position_encoding
+from trainer.position import EncodingShape, PEConfig, PositionEncoding, build_position_encoding
 
 __all__ = ["KVCache", "Llama", "ModelArgs", "validate_model_args"]
 
@@ -36,7 +37,8 @@ class ModelArgs:
     tie_embeddings: bool = False
     init_std: float = 0.02
     depth_scaled_init: bool = False  # scale wo / w2 init by 1/sqrt(2·n_layers)
-    pe: PEConfig = field(default_factory=PEConfig)
+    # one typed dataclass per kind (trainer.encodings.configs), chosen by pe.kind when the config is merged
+    pe: Any = field(default_factory=PEConfig)
 
     @property
     def resolved_head_dim(self) -> int:
@@ -60,7 +62,7 @@ def validate_model_args(a: ModelArgs) -> PositionEncoding:
             "grouped-query attention needs n_kv_heads to divide n_heads"
         )
     hd = a.resolved_head_dim
-    n = a.pe.rotation_dim
+    n = getattr(a.pe, "rotation_dim", None)
     if a.pe.kind == "hdrope" and (not isinstance(n, int) or isinstance(n, bool) or n < 2 or n % 2):
         raise UserError(f"model.pe.rotation_dim={n!r}: must be an even integer >= 2 (the paper uses 2, 4, 8, 32)")
     if a.pe.kind == "hdrope" and hd % a.pe.rotation_dim:
@@ -68,14 +70,13 @@ def validate_model_args(a: ModelArgs) -> PositionEncoding:
             f"model.pe.rotation_dim={a.pe.rotation_dim} does not divide head_dim={hd}; "
             f"choose a rotation_dim that divides {hd} (leftover channels are only for direct HDRotary use)"
         )
-    return build_position_encoding(a.pe, hd, a.max_seq_len, a.n_heads)
+    return build_position_encoding(a.pe, EncodingShape(hd, a.n_heads, a.n_kv_heads, a.n_layers, a.max_seq_len))
 
 
 @dataclass
 class _Context:
     cache: KVCache | None = None
     capture: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
-    bias: torch.Tensor | None = None  # the encoding's additive attention bias (heads, q, k), causal mask included
 
 
 class RMSNorm(nn.Module):
@@ -123,7 +124,7 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = pe.rotate(q, k, tables)
+        q, k = pe.rotate(q, k, tables, self.layer)
         past = 0
         if ctx.cache is not None:
             prev = ctx.cache.kv[self.layer]
@@ -132,8 +133,11 @@ class Attention(nn.Module):
         if ctx.capture is not None:
             ctx.capture[self.layer] = (q, k)
         gqa = self.n_kv_heads != self.n_heads
-        if ctx.bias is not None:  # an attention-bias encoding (ALiBi): the float mask carries bias and causality
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.bias.to(q.dtype), enable_gqa=gqa)
+        bias = pe.score_bias(torch.arange(past, past + s, device=x.device), past + s)
+        if bias is not None:  # attention-bias encodings (ALiBi): causal mask and bias as one float mask
+            causal = torch.ones(s, past + s, dtype=torch.bool, device=x.device).tril(diagonal=past)
+            mask = bias.to(q.dtype).masked_fill(~causal, float("-inf"))
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         elif past == 0:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:  # queries sit at the end of the keys: causal mask aligned bottom-right
@@ -183,27 +187,20 @@ class Llama(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """N(0, init_std) for every matrix (depth-scaled for wo/w2 when enabled); norms at 1."""
+        """N(0, init_std) for every matrix (depth-scaled for wo/w2 when enabled); norms at 1.
+
+        The position encoding's own parameters (`pe.*`) keep the initialisation their module gave them."""
         std = self.args.init_std
         out_std = std / math.sqrt(2 * self.args.n_layers) if self.args.depth_scaled_init else std
         for name, p in self.named_parameters():
+            if name.startswith("pe."):
+                continue
             if p.dim() == 1:
                 p.fill_(1.0)
             elif name.endswith(("wo.weight", "w2.weight")):
                 nn.init.normal_(p, 0.0, out_std)
             else:
                 nn.init.normal_(p, 0.0, std)
-
-    def attention_bias(self, positions: torch.Tensor, past: int = 0) -> torch.Tensor | None:
-        """The encoding's additive attention bias for these query positions after `past` cached keys, with the
-        causal mask folded in (−inf above the diagonal): (heads, q, past + q), or None for q/k-only encodings."""
-        q_pos = positions if positions.dim() == 1 else positions[0]
-        k_pos = torch.cat([torch.arange(past, device=q_pos.device), q_pos]) if past else q_pos
-        bias = self.pe.bias(q_pos, k_pos, torch.float32)
-        if bias is None:
-            return None
-        causal = torch.ones(len(q_pos), len(k_pos), dtype=torch.bool, device=bias.device).tril(diagonal=past)
-        return bias.masked_fill(~causal, float("-inf"))
 
     def num_params(self, include_embeddings: bool = True) -> int:
         """Parameter count (tied weights counted once)."""
@@ -226,7 +223,7 @@ class Llama(nn.Module):
             positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
         h = self.tok_embeddings(tokens)
         tables = self.pe.tables(positions, h.dtype)
-        ctx = _Context(cache, capture, self.attention_bias(positions, cache.length if cache is not None else 0))
+        ctx = _Context(cache, capture)
         for layer in self.layers:
             h = layer(h, self.pe, tables, ctx)
         return self.output(self.norm(h))

@@ -8,6 +8,8 @@ as YAML scalars, never evaluated. Presets, specs and overrides are data: an Omeg
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import re
 from pathlib import Path
@@ -18,7 +20,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from hdrope.errors import UserError
 from trainer.config import RunConfig, validate_config
+from trainer.encodings.configs import PEConfig
 from trainer.model import ModelArgs
+from trainer.position import POSITION_ENCODINGS, pe_config_class
 
 __all__ = [
     "EXPERIMENTS_DIR",
@@ -29,6 +33,7 @@ __all__ = [
     "preset_layer",
     "preset_path",
     "refuse_interpolations",
+    "select_pe_kind",
 ]
 
 EXPERIMENTS_DIR = Path(__file__).resolve().parent.parent / "experiments"
@@ -82,22 +87,71 @@ def refuse_interpolations(node: Any, where: str) -> None:
 
 
 @functools.cache
-def _schema() -> DictConfig:
-    """The RunConfig schema as a structured DictConfig, built once (merging never mutates it)."""
-    return OmegaConf.structured(RunConfig)
+def _schema(kind: str) -> DictConfig:
+    """The RunConfig schema with `model.pe` typed by kind's config class, built once per kind."""
+    cls = pe_config_class(kind)
+    return OmegaConf.structured(RunConfig(model=ModelArgs(pe=cls(kind=kind))))
+
+
+def select_pe_kind(layers: list, where: str = "config") -> tuple[str, list]:
+    """The `model.pe.kind` the layers select (the last one that sets it wins; default hdrope), and the layers
+    with every `model.pe` setting of an earlier layer dropped where a later layer switches to a kind with
+    another config class (`tiny model.pe.kind=fope` must not inherit the preset's `rotation_dim`)."""
+    kind: Any = PEConfig.kind
+    cls: type = PEConfig
+    out: list = []
+    for layer in layers:
+        node = OmegaConf.create(layer) if isinstance(layer, dict) else layer
+        found = None
+        if isinstance(node, DictConfig):
+            found = OmegaConf.select(node, "model.pe.kind", default=None, throw_on_missing=False)
+        if found is not None:
+            if not isinstance(found, str):
+                raise UserError(f"{where}: model.pe.kind={found!r} must be a name, one of {sorted(POSITION_ENCODINGS)}")
+            try:
+                new_cls = pe_config_class(found)
+            except UserError as err:
+                raise UserError(f"{where}: {err}") from None
+            if new_cls is not cls:
+                out = [_without_pe(earlier) for earlier in out]
+            kind, cls = found, new_cls
+        out.append(node)
+    return kind, out
+
+
+def _without_pe(node: Any) -> Any:
+    if not isinstance(node, DictConfig) or OmegaConf.select(node, "model.pe", default=None) is None:
+        return node
+    node = copy.deepcopy(node)
+    del node.model["pe"]
+    return node
+
+
+def _pe_key_hint(key: str, kind: str) -> str:
+    if not key.startswith("model.pe."):
+        return ""
+    fields = [f.name for f in dataclasses.fields(pe_config_class(kind))]
+    return (f"; model.pe.kind={kind!r} has the keys {fields} (each kind has its own settings: put kind-specific "
+            "keys in the cells of that kind, not on a grid axis crossed with other kinds)")
 
 
 def merge_config(layers: list, where: str = "config") -> RunConfig:
-    """Merge OmegaConf layers (dicts/DictConfigs) onto the RunConfig schema; UserError names the bad key."""
+    """Merge OmegaConf layers (dicts/DictConfigs) onto the RunConfig schema; UserError names the bad key.
+
+    `model.pe` is typed by the config class of the kind the layers select (trainer.encodings.configs),
+    so a key the kind does not have is an error naming it. Switching to a kind with another config class
+    drops the `model.pe` settings of the layers before the switch (see `select_pe_kind`)."""
     for layer in layers:
         refuse_interpolations(layer, where)
-    schema = _schema()
+    kind, layers = select_pe_kind(layers, where)
+    schema = _schema(kind)
     try:
         merged = OmegaConf.merge(schema, *layers)
         cfg = OmegaConf.to_object(merged)
     except (OmegaConfBaseException, TypeError) as err:  # TypeError: a list where a mapping belongs
         key = getattr(err, "full_key", None) or "?"
-        raise UserError(f"{where}: bad config key or value at {key!r}: {str(err).splitlines()[0]}") from None
+        raise UserError(f"{where}: bad config key or value at {key!r}: {str(err).splitlines()[0]}"
+                        f"{_pe_key_hint(str(key), kind)}") from None
     assert isinstance(cfg, RunConfig)
     return cfg
 

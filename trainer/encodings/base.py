@@ -1,0 +1,106 @@
+"""What every position-encoding module provides, and the cached phase table the rotary kinds share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class EncodingShape:
+    """The model dimensions an encoding is built for."""
+
+    head_dim: int
+    n_heads: int
+    n_kv_heads: int
+    n_layers: int
+    max_seq_len: int
+
+
+class PositionModule(nn.Module):
+    """Base of the encodings: `tables` once per forward pass, then `rotate` per layer, `score_bias` per layer."""
+
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> Any:
+        """Whatever `rotate` needs for these positions ((seq,) or (batch, seq)), computed once per forward."""
+        return None
+
+    def rotate(
+        self, q: torch.Tensor, k: torch.Tensor, tables: Any, layer: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q (batch, heads, seq, d) and k (batch, kv_heads, seq, d) after the encoding's transform at `layer`."""
+        return q, k
+
+    def score_bias(self, q_positions: torch.Tensor, kv_len: int) -> torch.Tensor | None:
+        """Additive float bias (heads, seq, kv_len) on the attention logits, or None (most kinds)."""
+        return None
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 stays float64 (reference tests); everything else computes phases' cos/sin in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class PhaseTable(nn.Module):
+    """cos/sin of position × frequency, cached as non-persistent buffers up to the longest position seen.
+
+    Phases are formed in float64 and stored in float32; float64 requests are computed afresh.
+    """
+
+    def __init__(self, freqs: torch.Tensor, min_len: int, prefill: bool = True) -> None:
+        super().__init__()
+        self.register_buffer("freqs", freqs.to(torch.float64), persistent=False)
+        self.register_buffer("cos", torch.empty(0, freqs.numel()), persistent=False)
+        self.register_buffer("sin", torch.empty(0, freqs.numel()), persistent=False)
+        self.min_len = int(min_len)
+        if prefill:  # the train length is cached at construction; longer inputs extend it
+            self._extend(self.min_len)
+
+    def extra_repr(self) -> str:
+        return f"n_freqs={self.freqs.numel()}, cached_len={self.cos.shape[0]}"
+
+    def angles(self, pos: torch.Tensor) -> torch.Tensor:
+        """Phases (..., n_freqs) in float64 for float64 positions: position × frequency."""
+        return pos.unsqueeze(-1) * self.freqs.to(pos.device)
+
+    def _extend(self, needed: int) -> None:
+        length = max(self.min_len, 1 << max(needed - 1, 0).bit_length())
+        ang = self.angles(torch.arange(length, dtype=torch.float64, device=self.freqs.device))
+        self.cos, self.sin = torch.cos(ang).float(), torch.sin(ang).float()
+
+    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) of shape (1 or batch, 1, seq, n_freqs) for integer positions."""
+        pos = positions if positions.dim() == 2 else positions.unsqueeze(0)
+        if compute_dtype(dtype) == torch.float64:
+            ang = self.angles(pos.to(torch.float64))
+            return torch.cos(ang).unsqueeze(1), torch.sin(ang).unsqueeze(1)
+        needed = int(pos.max().item()) + 1 if pos.numel() else 1
+        if needed > self.cos.shape[0]:
+            self._extend(needed)
+        pos = pos.to(self.cos.device)
+        return self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """NeoX half split: (x1, x2) -> (-x2, x1) along the last dim."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate channel pairs (j, j + d/2) of x by angles with the given cos/sin (width d/2); keeps x's dtype."""
+    xc = x.to(cos.dtype)
+    full_cos, full_sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+    return (xc * full_cos + rotate_half(xc) * full_sin).to(x.dtype)
+
+
+def rope_freqs(theta: float, n_pairs: int) -> torch.Tensor:
+    """RoPE inverse frequencies θ^(-2i/(2·n_pairs)), i = 0..n_pairs-1, in float64."""
+    return float(theta) ** (-torch.arange(n_pairs, dtype=torch.float64) * 2 / (2 * n_pairs))
+
+
+def kv_group(n_heads: int, n_kv_heads: int) -> int:
+    """How many query heads share one KV head (grouped-query attention)."""
+    return n_heads // n_kv_heads
