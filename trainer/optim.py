@@ -38,8 +38,8 @@ OPTIMIZERS: dict[str, Callable[[list[dict], OptimConfig], torch.optim.Optimizer]
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
-    """The optimizer `cfg.name` names; weight decay applies to weight matrices only, never to norm gains or to the position
-    encoding's own parameters (`pe.*`: a learned basis or FoPE coefficients must not decay towards zero)."""
+    """The optimizer `cfg.name` names; weight decay applies to weight matrices only, never to norm gains or to the
+    position encoding's own parameters (`pe.*`: a learned basis or FoPE coefficients must not decay towards zero)."""
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     decay = [p for n, p in params if p.dim() >= 2 and not n.startswith("pe.")]
     no_decay = [p for n, p in params if p.dim() < 2 or n.startswith("pe.")]
