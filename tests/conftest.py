@@ -40,14 +40,6 @@ def tiny_cfg(cache_dir, tmp_path):
 def tiny_sweep(cache_dir, tmp_path_factory):
     """A finished tiny sweep directory (plan.json, cells with dumps and passkey tables, results.parquet),
     trained in-process without Ray: 2D/4D x identity/Paley x 2 seeds, 6 trials for 8 cells."""
-    import json
-
-    from sweeps.plan import make_plan
-    from sweeps.results import write_results
-    from sweeps.spec import load_spec
-    from sweeps.trainable import plan_payload
-    from trainer.loop import train
-
     root = tmp_path_factory.mktemp("tiny-sweep")
     spec_path = root / "tiny.yaml"
     spec_path.write_text(f"""
@@ -65,6 +57,20 @@ axes:
   model.pe.basis: [identity, paley]
   seed: [1, 2]
 """)
+    return train_sweep_in_process(spec_path).root
+
+
+def train_sweep_in_process(spec_path):
+    """Plan a sweep spec, train every cell that trains in this process (no Ray), write plan.json and
+    results.parquet as a finished sweep has them; returns the plan."""
+    import json
+
+    from sweeps.plan import make_plan
+    from sweeps.results import write_results
+    from sweeps.spec import load_spec
+    from sweeps.trainable import plan_payload
+    from trainer.loop import train
+
     plan = make_plan(load_spec(spec_path))
     payload = plan_payload(plan)
     plan.root.mkdir(parents=True)
@@ -72,7 +78,13 @@ axes:
     for cell in plan.to_run:
         train(cell.config)
     write_results(payload)
-    return plan.root
+    return plan
+
+
+@pytest.fixture(scope="session")
+def sweep_trainer():
+    """`train_sweep_in_process`, for tests and fixtures that need a small finished sweep without Ray."""
+    return train_sweep_in_process
 
 
 @pytest.fixture

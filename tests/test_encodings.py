@@ -349,28 +349,15 @@ axes:
 """
 
 
-def test_a_sweep_over_new_kinds_runs_and_reports_one_label_per_kind(cache_dir, tmp_path):
+def test_a_sweep_over_new_kinds_runs_and_reports_one_label_per_kind(cache_dir, tmp_path, sweep_trainer):
     """Plan, train, results.parquet and the report: every kind under its own label, from encoding_identity."""
-    import json
-
     import pyarrow.parquet as pq
 
     from analysis.report import build_report
-    from sweeps.plan import make_plan
-    from sweeps.results import write_results
-    from sweeps.spec import load_spec
-    from sweeps.trainable import plan_payload
-    from trainer.loop import train
 
     spec = tmp_path / "newkinds.yaml"
     spec.write_text(NEW_KIND_SPEC.format(storage=tmp_path / "store", cache=cache_dir))
-    plan = make_plan(load_spec(spec))
-    payload = plan_payload(plan)
-    plan.root.mkdir(parents=True)
-    (plan.root / "plan.json").write_text(json.dumps(payload, default=str))
-    for cell in plan.to_run:
-        train(cell.config)
-    write_results(payload)
+    plan = sweep_trainer(spec)
     results = pq.read_table(plan.root / "results.parquet").to_pandas()
     labels = {c.config.model.pe.kind: encoding_identity(c.config.model.pe)["pe_label"] for c in plan.to_run}
     assert dict(zip(results["pe_kind"], results["pe_label"], strict=True)) == labels

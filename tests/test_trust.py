@@ -38,25 +38,12 @@ axes:
 
 
 @pytest.fixture(scope="module")
-def kind_sweep(cache_dir, tmp_path_factory):
+def kind_sweep(cache_dir, tmp_path_factory, sweep_trainer):
     """A finished in-process sweep over kind x basis (6 cells; rope and nope dedup their basis axis)."""
-    from sweeps.plan import make_plan
-    from sweeps.results import write_results
-    from sweeps.spec import load_spec
-    from sweeps.trainable import plan_payload
-    from trainer.loop import train
-
     root = tmp_path_factory.mktemp("kinds")
     spec = root / "kinds.yaml"
     spec.write_text(KIND_SPEC.format(storage=root / "store", cache=cache_dir))
-    plan = make_plan(load_spec(spec))
-    payload = plan_payload(plan)
-    plan.root.mkdir(parents=True)
-    (plan.root / "plan.json").write_text(json.dumps(payload, default=str))
-    for cell in plan.to_run:
-        train(cell.config)
-    write_results(payload)
-    return plan
+    return sweep_trainer(spec)
 
 
 def _identity(table: pd.DataFrame) -> dict:
