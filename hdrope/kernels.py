@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["Kernel", "make_kernel", "rotate"]
+__all__ = ["Kernel", "fused_by_default", "make_kernel", "rotate"]
 
 Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -37,8 +37,8 @@ def _permute_eager(x, cos, sin, perms, coefs):
     return torch.addcmul(x * cos, mixed, sin)
 
 
-def _permute_fused(x, cos, sin, coefs, structure):
-    """Compiled form: partners are built in-graph from constants, so inductor emits index arithmetic."""
+def _permute_fused_gather(x, cos, sin, coefs, structure):
+    """Compiled form for narrow chunks: partners are built in-graph from constants (index arithmetic)."""
     n, b, r2, shifts, use_xor = structure
     main = x[..., : n * b].unflatten(-1, (n, b))
     coord = torch.arange(n, device=x.device)
@@ -54,6 +54,32 @@ def _permute_fused(x, cos, sin, coefs, structure):
     return x * cos + mixed * sin
 
 
+def _permute_fused_chunks(x, cos, sin, coefs, structure):
+    """Compiled form for wide chunks, written chunk by chunk with static slices so inductor emits one vectorised loop.
+
+    In the chunk layout, term t's partner of block coordinate i is a whole chunk of b channels and its
+    weight is one number per (t, i), so G·x needs no gather: chunk i of G·x = Σ_t w[t, i]·chunk(partner).
+    """
+    n, b, r2, shifts, use_xor = structure
+    c, s = cos[..., :b], sin[..., :b]  # every coordinate of a block turns at the block's frequency
+
+    def chunk(p: int) -> torch.Tensor:
+        return x[..., p * b : (p + 1) * b]
+
+    outs = []
+    for i in range(n):
+        mixed = None
+        for t, sh in enumerate(shifts):
+            term = chunk(i ^ sh if use_xor else (i + sh) % n) * coefs[t, i * b]
+            mixed = term if mixed is None else mixed + term
+        outs.append(chunk(i) * c + mixed * s)
+    if r2:  # leftover pairs: plain rotate-half RoPE
+        lo, hi = x[..., n * b : n * b + r2], x[..., n * b + r2 :]
+        cl, sl = cos[..., n * b : n * b + r2], sin[..., n * b : n * b + r2]
+        outs += [lo * cl - hi * sl, hi * cl + lo * sl]
+    return torch.cat(outs, dim=-1)
+
+
 def _dense(x, cos, sin, gen_t):
     return torch.addcmul(x * cos, x @ gen_t, sin)
 
@@ -66,7 +92,9 @@ def _negated_sin(fn):
 
 
 _EAGER = {"rotate_half": _rotate_half_eager, "permute": _permute_eager, "dense": _dense}
-_FUSED_SRC = {"permute": _permute_fused, "dense": _dense}
+_FUSED_SRC = {"permute": _permute_fused_chunks, "permute_gather": _permute_fused_gather, "dense": _dense}
+# Below this chunk width (channels per block coordinate) the in-graph gather vectorises better than slices.
+_MIN_CHUNK = 16
 _FUSED: dict[str, Callable] = {}
 
 
@@ -77,6 +105,19 @@ def _fused(impl: str) -> Callable:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         _FUSED[impl] = torch.compile(_FUSED_SRC[impl], dynamic=False)
     return _FUSED[impl]
+
+
+def fused_by_default(device: torch.device) -> bool:
+    """Whether `fused=None` compiles on this device: on CUDA with Triton, where the compiled kernel runs at
+    memory bandwidth and compiling is cheap next to a GPU run; not on CPU, where inductor's C++ build costs
+    5-20 s per run and shape (measured on the tiny preset) and the rotary is a few percent of a step."""
+    if device.type != "cuda":
+        return False
+    try:
+        from torch.utils._triton import has_triton
+    except ImportError:  # pragma: no cover - torch without the helper
+        return False
+    return bool(has_triton())
 
 
 def make_kernel(
@@ -94,7 +135,8 @@ def make_kernel(
         raise ValueError(f"unknown kernel impl {impl!r}")
     if fused and impl == "rotate_half":  # measured faster than a compiled cat-based rotate_half
         impl = "permute"
-    fn = _fused(impl) if fused else _EAGER[impl]
+    narrow = fused and impl == "permute" and structure is not None and structure[1] < _MIN_CHUNK
+    fn = (_fused("permute_gather" if narrow else impl)) if fused else _EAGER[impl]
     if impl == "permute":
         assert perms is not None and coefs is not None
         extra: tuple = (coefs, structure) if fused else (perms, coefs)

@@ -13,7 +13,7 @@ from torch import nn
 from hdrope.bases import BASIS_KINDS, basis_generator
 from hdrope.errors import UserError
 from hdrope.frequencies import BlockLayout, block_layout
-from hdrope.kernels import Kernel, make_kernel, rotate
+from hdrope.kernels import Kernel, fused_by_default, make_kernel, rotate
 from hdrope.mixing import MixPlan, plan_mixing
 from hdrope.scaling import ScaledFrequencies, is_seq_dependent, scale_frequencies, validate_scaling
 
@@ -35,7 +35,9 @@ class HDRotary(nn.Module):
         seed: seed of the `random` basis.
         scaling: HF-style `rope_scaling` dict (linear, dynamic, yarn, longrope, llama3) or None.
         impl: how the block generator is applied: auto, rotate_half, permute or dense.
-        fused: compile the kernel with torch.compile (inductor) for memory-bound speed.
+        fused: compile the kernel with torch.compile (inductor) for memory-bound speed; None (the default)
+            compiles where it pays off (`hdrope.kernels.fused_by_default`: CUDA with Triton) and runs eager
+            elsewhere (on CPU, compiling costs seconds per run and shape, more than a short run gains).
         max_position: the model's max (training) length; fills the scaling keys HF takes from the model config
             (e.g. yarn/longrope's original_max_position_embeddings and factor, dynamic's length).
     """
@@ -49,7 +51,7 @@ class HDRotary(nn.Module):
         seed: int = 0,
         scaling: Mapping[str, Any] | None = None,
         impl: str = "auto",
-        fused: bool = False,
+        fused: bool | None = None,
         max_position: int | None = None,
     ) -> None:
         super().__init__()
@@ -61,9 +63,11 @@ class HDRotary(nn.Module):
             raise UserError(f"unknown basis {basis!r}; choose one of {sorted(BASIS_KINDS)}")
         self.layout: BlockLayout = block_layout(head_dim, rotation_dim)
         self.head_dim, self.rotation_dim, self.theta = head_dim, rotation_dim, float(theta)
-        self.basis, self.seed, self.fused = basis, int(seed), bool(fused)
+        self.basis, self.seed = basis, int(seed)
+        self.fused: bool | None = None if fused is None else bool(fused)
         self.block_generator: np.ndarray = basis_generator(basis, rotation_dim, seed)
-        self.plan: MixPlan = plan_mixing(self.block_generator, self.layout, impl, fused)
+        self._plans = {f: plan_mixing(self.block_generator, self.layout, impl, f) for f in (False, True)}
+        self.plan: MixPlan = self._plans[bool(fused)]  # the plan on CPU (where None means eager)
         self.scaling = validate_scaling(scaling, max_position, float(theta))
         self._exponents = self.layout.exponents()
         self._base_freqs = self.theta ** (-self._exponents)
@@ -73,9 +77,10 @@ class HDRotary(nn.Module):
             self.scaled_frequencies(seq_len=1)
 
     def extra_repr(self) -> str:
+        fused = "auto" if self.fused is None else self.fused
         return (
             f"head_dim={self.head_dim}, rotation_dim={self.rotation_dim}, theta={self.theta:g}, "
-            f"basis={self.basis!r}, impl={self.plan.impl!r}, fused={self.fused}, scaling={self.scaling}"
+            f"basis={self.basis!r}, impl={self.plan.impl!r}, fused={fused}, scaling={self.scaling}"
         )
 
     # ---- frequencies -------------------------------------------------------------------------
@@ -118,7 +123,8 @@ class HDRotary(nn.Module):
     def _kernel(self, device: torch.device, dtype: torch.dtype) -> Kernel:
         key = (str(device), dtype)
         if key not in self._kernels:
-            p = self.plan
+            fused = fused_by_default(device) if self.fused is None else self.fused
+            p = self._plans[fused]
             as_t = lambda a: None if a is None else torch.as_tensor(a, device=device)  # noqa: E731
             self._kernels[key] = make_kernel(
                 p.impl,
@@ -127,7 +133,7 @@ class HDRotary(nn.Module):
                 coefs=None if p.coefs is None else as_t(p.coefs).to(dtype),
                 generator=as_t(p.generator).to(dtype),
                 structure=(self.rotation_dim, self.layout.n_blocks, self.layout.n_leftover_pairs, p.shifts, p.use_xor),
-                fused=self.fused,
+                fused=fused,
             )
         return self._kernels[key]
 

@@ -87,6 +87,18 @@ def test_bench_rotary_small_run_reports_ratios(tmp_path):
         assert r["fwd_vs_rope"] == pytest.approx(r["fwd_ms"] / rope["fwd_ms"], rel=1e-2)
 
 
+def test_bench_encodings_lists_every_kind_side_by_side(tmp_path):
+    from trainer.position import POSITION_ENCODINGS
+
+    out = tmp_path / "e.json"
+    run("bench", "encodings", "--shape", "1", "2", "32", "64", "--rounds", "1", "--json", str(out))
+    rows = {r["encoding"]: r for r in json.loads(out.read_text())}
+    assert len(rows) == len(POSITION_ENCODINGS) + 1  # every kind, plus HD-RoPE compiled
+    assert {"RoPE", "4D Paley eager", "4D Paley compiled", "FoPE", "ALiBi", "NoPE"} <= set(rows)
+    for r in rows.values():
+        assert r["fwd_vs_rope"] == pytest.approx(r["fwd_ms"] / rows["RoPE"]["fwd_ms"], rel=1e-2)
+
+
 def test_import_trainer_pulls_in_no_ray_or_sweeps():
     code = ("import sys, trainer.loop; "
             "print([m for m in sys.modules if m.split('.')[0] in ('sweeps', 'ray', 'analysis')])")

@@ -270,3 +270,16 @@ def test_rotation_dim_2_is_bitwise_hf_rope(basis):
     assert torch.equal(rq, hq) and torch.equal(rk, hk)
     hf = LlamaRotaryEmbedding(LlamaConfig(hidden_size=256, num_attention_heads=4, rope_theta=10000.0))
     np.testing.assert_allclose(rot.frequencies, hf.inv_freq.double().numpy(), rtol=1e-6)
+
+
+def test_fused_default_is_eager_on_cpu_and_compiled_only_where_asked():
+    from hdrope.kernels import fused_by_default
+
+    assert fused_by_default(torch.device("cpu")) is False
+    auto = HDRotary(64, 4, 1e4, basis="paley")
+    assert auto.fused is None and auto.plan.impl == "dense" and "fused=auto" in repr(auto)
+    forced = HDRotary(64, 4, 1e4, basis="paley", fused=True)
+    assert forced.plan.impl == "permute"
+    x, pos = torch.randn(1, 2, 9, 64), torch.arange(9)
+    cos, sin = auto.cos_sin(pos)
+    torch.testing.assert_close(auto.apply(x, cos, sin), forced.apply(x, cos, sin), atol=1e-6, rtol=0)

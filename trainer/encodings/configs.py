@@ -21,7 +21,7 @@ class PEConfig:
     basis: str = "paley"
     seed: int = 0  # seed of the random basis
     scaling: dict[str, Any] | None = None  # HF rope_scaling keys
-    fused: bool = False  # torch.compile the rotary kernel
+    fused: bool | None = None  # torch.compile the rotary kernel; None: on CUDA with Triton, eager elsewhere
 
 
 @dataclass
