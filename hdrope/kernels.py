@@ -37,25 +37,8 @@ def _permute_eager(x, cos, sin, perms, coefs):
     return torch.addcmul(x * cos, mixed, sin)
 
 
-def _permute_fused_gather(x, cos, sin, coefs, structure):
-    """Compiled form for narrow chunks: partners are built in-graph from constants (index arithmetic)."""
-    n, b, r2, shifts, use_xor = structure
-    main = x[..., : n * b].unflatten(-1, (n, b))
-    coord = torch.arange(n, device=x.device)
-    mixed = None
-    for t, s in enumerate(shifts):
-        partner = coord ^ s if use_xor else (coord + s) % n
-        term = main[..., partner, :] * coefs[t, : n * b].unflatten(-1, (n, b))
-        mixed = term if mixed is None else mixed + term
-    mixed = mixed.flatten(-2)
-    if r2:
-        rest = x[..., n * b :]
-        mixed = torch.cat([mixed, -rest[..., r2:], rest[..., :r2]], dim=-1)
-    return x * cos + mixed * sin
-
-
-def _permute_fused_chunks(x, cos, sin, coefs, structure):
-    """Compiled form for wide chunks, written chunk by chunk with static slices so inductor emits one vectorised loop.
+def _permute_fused(x, cos, sin, coefs, structure):
+    """Compiled form, written chunk by chunk with static slices so inductor emits one vectorised loop.
 
     In the chunk layout, term t's partner of block coordinate i is a whole chunk of b channels and its
     weight is one number per (t, i), so G·x needs no gather: chunk i of G·x = Σ_t w[t, i]·chunk(partner).
@@ -92,9 +75,7 @@ def _negated_sin(fn):
 
 
 _EAGER = {"rotate_half": _rotate_half_eager, "permute": _permute_eager, "dense": _dense}
-_FUSED_SRC = {"permute": _permute_fused_chunks, "permute_gather": _permute_fused_gather, "dense": _dense}
-# Below this chunk width (channels per block coordinate) the in-graph gather vectorises better than slices.
-_MIN_CHUNK = 16
+_FUSED_SRC = {"permute": _permute_fused, "dense": _dense}
 _FUSED: dict[str, Callable] = {}
 
 
@@ -135,8 +116,7 @@ def make_kernel(
         raise ValueError(f"unknown kernel impl {impl!r}")
     if fused and impl == "rotate_half":  # measured faster than a compiled cat-based rotate_half
         impl = "permute"
-    narrow = fused and impl == "permute" and structure is not None and structure[1] < _MIN_CHUNK
-    fn = (_fused("permute_gather" if narrow else impl)) if fused else _EAGER[impl]
+    fn = _fused(impl) if fused else _EAGER[impl]
     if impl == "permute":
         assert perms is not None and coefs is not None
         extra: tuple = (coefs, structure) if fused else (perms, coefs)
