@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 import time
@@ -20,7 +21,7 @@ import torch
 from hdrope.errors import UserError
 from hdrope.rotary import HDRotary
 
-__all__ = ["BenchRow", "main", "median_round_robin", "run_rotary_bench"]
+__all__ = ["HBM_PEAKS", "BenchRow", "hbm_peak", "main", "median_round_robin", "run_rotary_bench", "synced"]
 
 
 @dataclass
@@ -35,6 +36,27 @@ class BenchRow:
     fwd_vs_rope: float = float("nan")
     fwd_vs_floor: float = float("nan")
     fwdbwd_vs_rope: float = float("nan")
+    fwd_gbps: float = float("nan")  # bytes of x read plus output written, per second of the forward
+
+
+# Peak memory bandwidth (bytes/s) by a substring of the CUDA device name; the most specific name first.
+HBM_PEAKS = {"H200": 4.8e12, "H100 NVL": 3.9e12, "H100 PCIe": 2.0e12, "H100": 3.35e12, "A100-SXM4-80GB": 2.039e12,
+             "A100": 1.555e12, "L40S": 0.864e12, "A10G": 0.6e12}
+
+
+def hbm_peak(device: torch.device) -> float | None:
+    """Peak memory bandwidth in bytes/s of a known CUDA device, else None."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in HBM_PEAKS.items() if key in name), None)
+
+
+def synced(fns: dict[str, Callable[[], object]], device: torch.device) -> dict[str, Callable[[], object]]:
+    """The callables, each waiting for the device to finish (CUDA runs asynchronously), for wall-clock timing."""
+    if device.type != "cuda":
+        return fns
+    return {k: (lambda f=f: (f(), torch.cuda.synchronize(device))) for k, f in fns.items()}
 
 
 def median_round_robin(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
@@ -61,14 +83,16 @@ def run_rotary_bench(
     modes: tuple[str, ...] = ("eager", "fused"),
     rounds: int = 15,
     theta: float = 1e4,
+    device: str = "cpu",
 ) -> tuple[list[BenchRow], float]:
-    """Time forward and forward+backward of every variant; return rows and the floor in ms."""
+    """Time forward and forward+backward of every variant on `device`; return rows and the floor in ms."""
     torch.manual_seed(0)
+    dev = torch.device(device)
     _b, _h, s, d = shape
-    x = torch.randn(shape)
+    x = torch.randn(shape, device=dev)
     xg = x.clone().requires_grad_(True)
-    grad = torch.randn(shape)
-    positions = torch.arange(s)
+    grad = torch.randn(shape, device=dev)
+    positions = torch.arange(s, device=dev)
     variants = [("rope", 2, "identity")] + [(f"{n}D-{basis}", n, basis) for n in dims for basis in bases]
     fwd: dict[str, Callable[[], object]] = {"floor": lambda: x * 2.0}
     bwd: dict[str, Callable[[], object]] = {}
@@ -81,14 +105,16 @@ def run_rotary_bench(
             impls[key] = rot.plan.impl
             fwd[key] = lambda rot=rot, cos=cos, sin=sin: rot.apply(x, cos, sin)
             bwd[key] = lambda rot=rot, cos=cos, sin=sin: rot.apply(xg, cos, sin).backward(grad)
-    t_fwd = median_round_robin(fwd, rounds)
-    t_bwd = median_round_robin(bwd, rounds)
+    t_fwd = median_round_robin(synced(fwd, dev), rounds)
+    t_bwd = median_round_robin(synced(bwd, dev), rounds)
     floor = t_fwd.pop("floor")
+    moved = 2 * x.numel() * x.element_size()
     rows = []
     for key, ms in t_fwd.items():
         name, mode = key.split("|")
         rope_f, rope_b = t_fwd[f"rope|{mode}"], t_bwd[f"rope|{mode}"]
-        rows.append(BenchRow(name, mode, impls[key], ms, t_bwd[key], ms / rope_f, ms / floor, t_bwd[key] / rope_b))
+        rows.append(BenchRow(name, mode, impls[key], ms, t_bwd[key], ms / rope_f, ms / floor, t_bwd[key] / rope_b,
+                             moved / (ms / 1e3) / 1e9))
     return rows, floor
 
 
@@ -102,26 +128,35 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    ap.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda or cuda:N")
     args = ap.parse_args(argv)
     if args.rounds < 1:
         raise UserError(f"--rounds must be ≥ 1, got {args.rounds}")
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {device}: no CUDA device here; use --device cpu")
     if args.threads:
         torch.set_num_threads(args.threads)
     rows, floor = run_rotary_bench(
-        tuple(args.shape), tuple(args.dims), tuple(args.bases), tuple(args.modes), args.rounds
+        tuple(args.shape), tuple(args.dims), tuple(args.bases), tuple(args.modes), args.rounds, device=device
     )
+    dev = torch.device(device)
+    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
+    peak = hbm_peak(dev)
+    floor_gbps = 2 * math.prod(args.shape) * 4 / (floor / 1e3) / 1e9
     print(
-        f"shape {tuple(args.shape)} fp32, {torch.get_num_threads()} threads, median of {args.rounds} "
-        f"round-robin rounds; elementwise floor (x*2) = {floor:.3f} ms"
+        f"shape {tuple(args.shape)} fp32 on {where}, median of {args.rounds} round-robin rounds; elementwise floor "
+        f"(x*2) = {floor:.3f} ms, {floor_gbps:.0f} GB/s" + (f" ({floor_gbps * 1e9 / peak:.0%} of peak)" if peak else "")
     )
     print(
         f"{'variant':<14}{'mode':<7}{'impl':<12}{'fwd ms':>8}{'fwd/RoPE':>10}{'fwd/floor':>10}"
-        f"{'fwd+bwd ms':>12}{'f+b/RoPE':>10}"
+        f"{'fwd+bwd ms':>12}{'f+b/RoPE':>10}{'fwd GB/s':>10}" + ("  of peak" if peak else "")
     )
     for r in rows:
         print(
             f"{r.name:<14}{r.mode:<7}{r.impl:<12}{r.fwd_ms:>8.3f}{r.fwd_vs_rope:>10.2f}{r.fwd_vs_floor:>10.2f}"
-            f"{r.fwdbwd_ms:>12.3f}{r.fwdbwd_vs_rope:>10.2f}"
+            f"{r.fwdbwd_ms:>12.3f}{r.fwdbwd_vs_rope:>10.2f}{r.fwd_gbps:>10.0f}"
+            + (f"{r.fwd_gbps * 1e9 / peak:>9.0%}" if peak else "")
         )
     if args.json:
         with open(args.json, "w") as f:

@@ -139,3 +139,21 @@ def test_default_encoding_is_the_papers_algorithm_2():
     rq, rk = enc.rotate(q, k, enc.tables(positions, torch.float64))
     torch.testing.assert_close(rq, algorithm2(q, positions, PEConfig().theta))
     torch.testing.assert_close(rk, algorithm2(k, positions, PEConfig().theta))
+
+
+@pytest.mark.parametrize("kind", ["hdrope", "rope", "fope", "xpos", "p_rope", "learned_basis", "rpe3d", "alibi"])
+def test_a_forward_reads_no_scalar_back_from_the_device(monkeypatch, kind):
+    # On a GPU every .item() stalls the stream; the model knows its positions' bound, so the cached tables grow
+    # (here to 3x the train length) without reading the positions tensor.
+    from trainer.presets import load_config
+
+    cfg = load_config("tiny", [f"model.pe.kind={kind}"])
+    model = Llama(cfg.model).eval()
+    tokens = torch.randint(0, cfg.model.vocab_size, (1, 3 * cfg.model.max_seq_len))
+
+    def no_sync(self):
+        raise AssertionError("Tensor.item() called in the forward pass")
+
+    monkeypatch.setattr(torch.Tensor, "item", no_sync)
+    with torch.no_grad():
+        assert torch.isfinite(model(tokens)).all()

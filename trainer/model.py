@@ -218,11 +218,13 @@ class Llama(nn.Module):
         default to follow it). With capture, each layer stores its rotated (q, k) under its index."""
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be (batch, seq) integer ids, got shape {tuple(tokens.shape)}")
+        length = None
         if positions is None:
             start = cache.length if cache is not None else 0
-            positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
+            length = start + tokens.shape[1]  # known here: the tables need not read positions (no GPU sync)
+            positions = torch.arange(start, length, device=tokens.device)
         h = self.tok_embeddings(tokens)
-        tables = self.pe.tables(positions, h.dtype)
+        tables = self.pe.tables(positions, h.dtype, length)
         ctx = _Context(cache, capture)
         for layer in self.layers:
             h = layer(h, self.pe, tables, ctx)

@@ -23,8 +23,11 @@ class EncodingShape:
 class PositionModule(nn.Module):
     """Base of the encodings: `tables` once per forward pass, then `rotate` per layer, `score_bias` per layer."""
 
-    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> Any:
-        """Whatever `rotate` needs for these positions ((seq,) or (batch, seq)), computed once per forward."""
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype, length: int | None = None) -> Any:
+        """Whatever `rotate` needs for these positions ((seq,) or (batch, seq)), computed once per forward.
+
+        `length`, when the caller knows it, bounds the positions (all < length), so a cached table need
+        not read the tensor to see whether it must grow (no device sync on a GPU)."""
         return None
 
     def rotate(
@@ -36,6 +39,13 @@ class PositionModule(nn.Module):
     def score_bias(self, q_positions: torch.Tensor, kv_len: int) -> torch.Tensor | None:
         """Additive float bias (heads, seq, kv_len) on the attention logits, or None (most kinds)."""
         return None
+
+
+def positions_bound(positions: torch.Tensor, length: int | None = None) -> int:
+    """One past the largest position: `length` when the caller knows it, else read from the tensor (a sync)."""
+    if length is not None:
+        return int(length)
+    return int(positions.max().item()) + 1 if positions.numel() else 1
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -70,13 +80,14 @@ class PhaseTable(nn.Module):
         ang = self.angles(torch.arange(length, dtype=torch.float64, device=self.freqs.device))
         self.cos, self.sin = torch.cos(ang).float(), torch.sin(ang).float()
 
-    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin) of shape (1 or batch, 1, seq, n_freqs) for integer positions."""
+    def lookup(self, positions: torch.Tensor, dtype: torch.dtype,
+               length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) of shape (1 or batch, 1, seq, n_freqs) for integer positions (all < length if given)."""
         pos = positions if positions.dim() == 2 else positions.unsqueeze(0)
         if compute_dtype(dtype) == torch.float64:
             ang = self.angles(pos.to(torch.float64))
             return torch.cos(ang).unsqueeze(1), torch.sin(ang).unsqueeze(1)
-        needed = int(pos.max().item()) + 1 if pos.numel() else 1
+        needed = positions_bound(pos, length)
         if needed > self.cos.shape[0]:
             self._extend(needed)
         pos = pos.to(self.cos.device)

@@ -67,8 +67,8 @@ class FoPE(PositionModule):
     def extra_repr(self) -> str:
         return f"kept_freqs={self.d_in}, d_out={self.d_out}, learnable={isinstance(self.w_sin, nn.Parameter)}"
 
-    def tables(self, positions, dtype):
-        return self.phases.lookup(positions, dtype)
+    def tables(self, positions, dtype, length=None):
+        return self.phases.lookup(positions, dtype, length)
 
     def _series(self, trig: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         out = torch.einsum("bxsf,hfo->bhso", trig, w.to(trig.dtype))

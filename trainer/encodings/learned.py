@@ -58,8 +58,8 @@ class LearnedBasis(PositionModule):
         u = orthogonal(self.a[layer].to(dtype), self.how)
         return u @ self.k0.to(dtype) @ u.transpose(-1, -2)
 
-    def tables(self, positions, dtype):
-        cos, sin = self.phases.lookup(positions, dtype)  # (b, 1, s, d/N)
+    def tables(self, positions, dtype, length=None):
+        cos, sin = self.phases.lookup(positions, dtype, length)  # (b, 1, s, d/N)
         return cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over the N block coordinates
 
     def _one(self, x: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,14 @@ import torch
 from hdrope import HDRotary
 from hdrope.errors import UserError
 from hdrope.scaling import is_seq_dependent
-from trainer.encodings.base import PhaseTable, PositionModule, compute_dtype, rope_freqs, rotate_pairs
+from trainer.encodings.base import (
+    PhaseTable,
+    PositionModule,
+    compute_dtype,
+    positions_bound,
+    rope_freqs,
+    rotate_pairs,
+)
 
 
 class HDRotaryEncoding(PositionModule):
@@ -32,11 +39,11 @@ class HDRotaryEncoding(PositionModule):
         cos, sin = self.rot.cos_sin(torch.arange(length, device=device), torch.float32)
         self.cos, self.sin = cos[0, 0], sin[0, 0]
 
-    def tables(self, positions, dtype):
+    def tables(self, positions, dtype, length=None):
         if compute_dtype(dtype) == torch.float64 or is_seq_dependent(self.rot.scaling):
             return self.rot.cos_sin(positions, dtype)
         pos = positions if positions.dim() == 2 else positions.unsqueeze(0)
-        needed = int(pos.max().item()) + 1 if pos.numel() else 1
+        needed = positions_bound(pos, length)
         if needed > self.cos.shape[0]:
             self._extend(needed, self.cos.device)
         pos = pos.to(self.cos.device)
@@ -65,8 +72,8 @@ class FrequencyRoPE(PositionModule):
     def extra_repr(self) -> str:
         return f"{self.label}, rotated_channels={self.rot_dims}/{self.head_dim}"
 
-    def tables(self, positions, dtype):
-        return self.phases.lookup(positions, dtype)
+    def tables(self, positions, dtype, length=None):
+        return self.phases.lookup(positions, dtype, length)
 
     def _one(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if self.rot_dims == self.head_dim:
@@ -127,8 +134,8 @@ class XPos(PositionModule):
     def extra_repr(self) -> str:
         return f"scale_base={self.scale_base:g}"
 
-    def tables(self, positions, dtype):
-        cos, sin = self.phases.lookup(positions, dtype)
+    def tables(self, positions, dtype, length=None):
+        cos, sin = self.phases.lookup(positions, dtype, length)
         pos = (positions if positions.dim() == 2 else positions.unsqueeze(0)).to(cos.device, torch.float64)
         scale = torch.exp(pos.unsqueeze(-1) / self.scale_base * self.log_zeta.to(cos.device)).unsqueeze(1)
         return cos, sin, scale.to(cos.dtype)
