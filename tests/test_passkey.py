@@ -119,3 +119,22 @@ def test_evaluator_scores_a_checkpoint_into_a_parquet_table(tmp_path, tiny_cfg, 
     client = mlflow.MlflowClient(uri)
     (r,) = client.search_runs([client.get_experiment_by_name("hdrope-passkey").experiment_id])
     assert {"passkey_acc", "passkey_acc_U512", "passkey_acc_U768"} <= set(r.data.metrics)
+
+
+def test_training_prompts_end_the_answer_so_a_model_learns_to_stop():
+    # Without what follows the key, a model that retrieved it kept writing digits (" 1733") and the exact match
+    # of the first integer failed: 0% passkey accuracy for a model that had learned the retrieval.
+    import numpy as np
+
+    from trainer.config import PasskeyFormat
+    from trainer.passkey.prompt import PasskeyPrompter, first_integer
+
+    tok = ByteTokenizer()
+    prompter = PasskeyPrompter(tok, PasskeyFormat(header="", max_key=999))
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        ids = prompter.sample_training(129, rng)
+        text = tok.decode(ids)
+        assert len(ids) <= 129
+        answer = text.rsplit("The pass key is", 1)[1]
+        assert answer.endswith(".") and first_integer(answer) == first_integer(text)

@@ -64,6 +64,7 @@ class PasskeyPrompter:
         self.units = [tok.encode(s) for s in sentences] or [tok.encode(fmt.filler)]
         self.header = tok.encode(fmt.header) if fmt.header else []
         self.question = tok.encode(fmt.question)
+        self.end = tok.encode(".")  # what follows the answer in training prompts
         longest = tok.encode(fmt.key.replace("{k}", str(fmt.max_key)))
         self.fixed = len(self.header) + len(longest) + len(self.question) + len(self.answer_ids(fmt.max_key))
 
@@ -101,7 +102,10 @@ class PasskeyPrompter:
         return PasskeyPrompt(prompt, self.answer_ids(passkey), passkey, x, y)
 
     def sample_training(self, length: int, rng: np.random.Generator) -> list[int]:
-        """Prompt+answer tokens of a random key at a random depth, at most `length` tokens."""
+        """Prompt, answer and a closing "." of a random key at a random depth, at most `length` tokens.
+
+        The full stop teaches where the answer ends: a model that never saw what follows the key keeps
+        writing digits (" 1733") and fails the exact match although it retrieved the key."""
         passkey = int(rng.integers(self.fmt.min_key, self.fmt.max_key + 1))
-        p = self.build(length, float(rng.random()), passkey)
-        return p.prompt + p.answer
+        p = self.build(length - len(self.end), float(rng.random()), passkey)
+        return p.prompt + p.answer + self.end
