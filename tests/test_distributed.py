@@ -86,6 +86,7 @@ def test_two_gloo_workers_equal_one_process_and_resume_on_one(tiny_cfg, tmp_path
     rank1 = json.loads((tmp_path / "ranks" / "rank1.json").read_text())
     assert rank1["losses"] == two["losses"] and rank1["metrics"] == {}  # the mean loss on every worker; no eval
     run = tmp_path / "two"
+    assert json.loads((run / "result.json").read_text())["workers"] == 2
     records = [(r["step"], sorted(r)) for r in read_metrics(run / METRICS_FILE)]
     assert records == [(r["step"], sorted(r)) for r in read_metrics(tmp_path / "one" / METRICS_FILE)]  # one writer
     assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_00000003", "step_00000006"]

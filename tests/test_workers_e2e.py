@@ -98,6 +98,7 @@ def test_two_worker_cells_run_as_ray_train_inside_tune_with_one_mlflow_run_each(
         assert history == local and len(local) == 4  # steps 5, 10, 15, 20
         ref = reference(spec, cell, tmp_path / f"ref-{cell}")
         result = json.loads((root / "cells" / cell / "result.json").read_text())
+        assert result["workers"] == 2
         for key in ("train_loss", "val_loss"):
             assert result["metrics"][key] == pytest.approx(ref.metrics[key], rel=1e-5)
     print(f"2-worker sweep of 2 cells x 20 steps: {seconds:.0f} s")

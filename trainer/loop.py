@@ -371,7 +371,7 @@ def _finish(run: _Run, stop_reason: str, window_steps: int) -> TrainResult:
     result_path = run.run_dir / RESULT_FILE
     write_json_atomic(result_path, {"config_hash": run.chash, "step": run.step, "stop_reason": stop_reason,
                                     "metrics": clean, "checkpoint": str(run.last_ckpt),
-                                    "resumed_from": run.resumed_from})
+                                    "resumed_from": run.resumed_from, "workers": run.world.size})
     for kind, path in {**artifacts, "result": result_path}.items():
         reporter.artifact(path, kind)
     reporter.finish("FINISHED")
