@@ -1,8 +1,9 @@
 """Data-parallel training with real processes: 2 gloo workers (torch.multiprocessing) against one process.
 
-The 2-worker run takes the same global batch as the 1-process run (each worker its half of the rows), so its
-per-step losses equal the 1-process ones to fp32 rounding; only rank 0 writes the run directory, and its
-checkpoints are the single-process format: a 2-worker run resumes in one process with the same losses.
+The 2-worker run (DDP or FSDP2) takes the same global batch as the 1-process run (each worker its half of the
+rows), so its per-step losses equal the 1-process ones to fp32 rounding; only rank 0 writes the run
+directory, and checkpoints are the single-process format: a 2-worker run resumes in one process and a
+1-process run on 2 workers, with the same losses.
 """
 
 import json
@@ -29,7 +30,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, cfg_yaml: str, out: str) -> None:
+def _worker(rank: int, world: int, port: int, cfg_yaml: str, out: str, strategy: str) -> None:
     """One gloo worker: train the config and write its losses (rank 0 also its metrics) to out/rank<r>.json."""
     import torch.distributed as dist
     from omegaconf import OmegaConf
@@ -40,20 +41,22 @@ def _worker(rank: int, world: int, port: int, cfg_yaml: str, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        result = train(merge_config([OmegaConf.create(cfg_yaml)]))
+        result = train(merge_config([OmegaConf.create(cfg_yaml)]), strategy=strategy)
     finally:
         dist.destroy_process_group()
     Path(out, f"rank{rank}.json").write_text(json.dumps({"losses": result.losses, "metrics": result.metrics,
-                                                         "checkpoint": str(result.checkpoint)}))
+                                                         "checkpoint": str(result.checkpoint),
+                                                         "resumed_from": result.resumed_from}))
 
 
-def _train_workers(cfg, world: int, out: Path) -> dict:
-    """Train cfg on `world` gloo processes; rank 0's losses, metrics and checkpoint."""
+def _train_workers(cfg, world: int, out: Path, strategy: str = "ddp") -> dict:
+    """Train cfg on `world` gloo processes under `strategy`; rank 0's losses, metrics and checkpoint."""
     from omegaconf import OmegaConf
 
     out.mkdir(parents=True, exist_ok=True)
-    mp.start_processes(_worker, args=(world, _free_port(), OmegaConf.to_yaml(OmegaConf.structured(cfg)), str(out)),
-                       nprocs=world, start_method="spawn")
+    cfg_yaml = OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    mp.start_processes(_worker, args=(world, _free_port(), cfg_yaml, str(out), strategy), nprocs=world,
+                       start_method="spawn")
     return json.loads((out / "rank0.json").read_text())
 
 
@@ -72,13 +75,14 @@ def test_batch_that_does_not_split_over_the_workers_is_refused():
 
 
 @pytest.mark.slow
-def test_two_gloo_workers_equal_one_process_and_resume_on_one(tiny_cfg, tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_gloo_workers_equal_one_process_and_resume_on_one(tiny_cfg, tmp_path, strategy):
     from trainer.checkpoint import list_checkpoints
     from trainer.loop import train
     from trainer.run_files import METRICS_FILE, read_metrics
 
     one = train(tiny_cfg(*OVERRIDES, out="one"))
-    two = _train_workers(tiny_cfg(*OVERRIDES, out="two"), 2, tmp_path / "ranks")
+    two = _train_workers(tiny_cfg(*OVERRIDES, out="two"), 2, tmp_path / "ranks", strategy)
     assert len(two["losses"]) == STEPS
     assert two["losses"] == pytest.approx(one.losses, rel=1e-5)
     assert max(abs(a - b) / abs(b) for a, b in zip(two["losses"], one.losses, strict=True)) < 1e-5
@@ -95,3 +99,8 @@ def test_two_gloo_workers_equal_one_process_and_resume_on_one(tiny_cfg, tmp_path
     resumed = train(tiny_cfg(*OVERRIDES, out="two"))
     assert resumed.resumed_from == 3
     assert resumed.losses == pytest.approx(one.losses, rel=1e-5)
+
+    shutil.rmtree(tmp_path / "one" / "checkpoints" / "step_00000006")  # and a 1-process run on 2 workers
+    again = _train_workers(tiny_cfg(*OVERRIDES, out="one"), 2, tmp_path / "ranks2", strategy)
+    assert again["resumed_from"] == 3
+    assert again["losses"] == pytest.approx(one.losses, rel=1e-5)

@@ -1,5 +1,6 @@
 """Ray Train inside Ray Tune, end to end: a sweep whose cells each train on 2 data-parallel gloo workers on a
-2-CPU embedded Ray, tracked in MLflow, equal to the 1-process runs of the same cells; a killed worker resumes.
+2-CPU embedded Ray, tracked in MLflow, equal to the 1-process runs of the same cells (DDP); a killed worker
+(FSDP) resumes from its cell's checkpoint.
 
 All marked slow: `.ci/run` runs them; deselect locally with -m 'not slow'.
 """
@@ -33,14 +34,16 @@ overrides:
   dump.enabled: false
 axes:
   model.pe.rotation_dim: {dims}
-resources: {{workers: 2, cpus: 1, strategy: ddp}}
+resources: {{workers: 2, cpus: 1, strategy: {strategy}}}
 max_failures: 2
 """
 
 
-def write_spec(tmp_path: Path, name: str, cache: str, steps: int = 20, ckpt: int = 10, dims: str = "[2, 4]") -> Path:
+def write_spec(tmp_path: Path, name: str, cache: str, steps: int = 20, ckpt: int = 10, dims: str = "[2, 4]",
+               strategy: str = "ddp") -> Path:
     path = tmp_path / f"{name}.yaml"
-    path.write_text(SPEC.format(name=name, storage=tmp_path / "store", cache=cache, steps=steps, ckpt=ckpt, dims=dims))
+    path.write_text(SPEC.format(name=name, storage=tmp_path / "store", cache=cache, steps=steps, ckpt=ckpt, dims=dims,
+                                strategy=strategy))
     return path
 
 
@@ -117,10 +120,10 @@ def _rank_workers(driver_pid: int) -> list[psutil.Process]:
     return found
 
 
-def test_a_killed_worker_resumes_its_cell_from_the_checkpoint(tmp_path, cache_dir):
+def test_a_killed_fsdp_worker_resumes_its_cell_from_the_checkpoint(tmp_path, cache_dir):
     from test_sweeps_e2e import _wait_for, cell_runs
 
-    spec = write_spec(tmp_path, "wkill", cache_dir, steps=300, ckpt=20, dims="[4]")
+    spec = write_spec(tmp_path, "wkill", cache_dir, steps=300, ckpt=20, dims="[4]", strategy="fsdp")
     cell = "c000-rotation_dim4"
     cell_dir = tmp_path / "store" / "wkill" / "cells" / cell
     proc = hdrope_sweep(spec, tmp_path)

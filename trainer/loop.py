@@ -35,7 +35,18 @@ from trainer.batches import TrainBatches, check_length, val_windows
 from trainer.checkpoint import latest_checkpoint, load_checkpoint, read_state, save_checkpoint
 from trainer.config import RunConfig, config_hash, flatten_config, validate_config
 from trainer.corpus import load_corpus
-from trainer.distributed import World, broadcast_from_main, current_world, main_first, mean_across, no_sync, wrap_model
+from trainer.distributed import (
+    STRATEGIES,
+    World,
+    broadcast_from_main,
+    current_world,
+    gather_to_main,
+    load_from_main,
+    main_first,
+    mean_across,
+    no_sync,
+    wrap_model,
+)
 from trainer.evaluate import Autocast, evaluate_passkey, evaluate_validation
 from trainer.model import Llama
 from trainer.optim import build_optimizer, lr_at
@@ -179,10 +190,13 @@ class _Run:
             self.data = prepare_data(cfg)
         _check_lengths(cfg, self.data)
         seed_everything(cfg.train.seed)
-        self.model = Llama(cfg.model).to(self.device)
-        self.parallel = self.model if self.world.size == 1 else wrap_model(self.model, strategy, self.device)
-        self.forward = torch.compile(self.parallel) if cfg.train.compile else self.parallel
+        self.model = Llama(cfg.model).to(self.device)  # the run's model: evaluated and checkpointed by rank 0
         self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.parallel = self.model if self.world.size == 1 else wrap_model(self.model, strategy, self.device)
+        self.shards = self.world.size > 1 and STRATEGIES[strategy].shards  # trains a sharded copy of self.model
+        self.train_optimizer = build_optimizer(self.parallel, cfg.optim) if self.shards else self.optimizer
+        self.synced = (0, True)  # (step, with optimizer) self.model last received the shards' state
+        self.forward = torch.compile(self.parallel) if cfg.train.compile else self.parallel
         prompter = self.data.prompter if cfg.data.passkey_ratio > 0 else None
         self.batches = TrainBatches(self.data.tokens.train, cfg.model.max_seq_len, cfg.train.batch_size,
                                     cfg.train.seed, prompter, cfg.data.passkey_ratio, self.world.rank,
@@ -214,6 +228,9 @@ class _Run:
                 )
             state = load_checkpoint(Path(path), self.model, self.optimizer)
             self.step, self.losses = int(state["step"]), list(state["losses"])
+            self.synced = (self.step, True)
+            if self.shards:
+                load_from_main(self.parallel, self.train_optimizer, self.model, self.optimizer)
             self.resumed_from, self.last_ckpt = self.step, Path(path)
         if not self.world.main:
             return
@@ -225,7 +242,7 @@ class _Run:
     def train_step(self) -> float:
         cfg = self.cfg
         lr = lr_at(self.step, cfg.optim, cfg.train.steps)
-        for group in self.optimizer.param_groups:
+        for group in self.train_optimizer.param_groups:
             group["lr"] = lr
         total = 0.0
         for micro in range(cfg.train.grad_accum):
@@ -243,12 +260,22 @@ class _Run:
             total += loss.item() / cfg.train.grad_accum
         total = mean_across(total, self.world)
         if cfg.optim.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+            torch.nn.utils.clip_grad_norm_(self.parallel.parameters(), cfg.optim.grad_clip)
+        self.train_optimizer.step()
+        self.train_optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.losses.append(total)
         return lr
+
+    def sync(self, with_optimizer: bool) -> None:
+        """Bring rank 0's model (and optimizer) up to the current step from a sharding strategy's shards: a
+        collective, so every worker calls it at the same steps (a no-op when nothing is sharded or when done)."""
+        step, had_optimizer = self.synced
+        if not self.shards or (step == self.step and (had_optimizer or not with_optimizer)):
+            return
+        gather_to_main(self.parallel, self.train_optimizer, self.model, self.optimizer if with_optimizer else None,
+                       self.world)
+        self.synced = (self.step, with_optimizer)
 
     def emit(self, metrics: dict[str, float]) -> None:
         """Record and report metrics computed at the current step (each name once per step); rank 0 only."""
@@ -262,6 +289,7 @@ class _Run:
     def checkpoint(self) -> None:
         """Save a checkpoint of the current step (rank 0 only: it holds the whole model and optimizer state);
         the reporter sees only the metrics computed at this step."""
+        self.sync(with_optimizer=True)
         if not self.world.main:
             return
         state = {"losses": self.losses, "config_hash": self.chash}
@@ -320,8 +348,10 @@ def _train(cfg: RunConfig, reporter: Reporter, strategy: str) -> TrainResult:
             metrics = {"train_loss": float(np.mean(run.losses[-window_steps:])), "lr": lr, "tokens_per_s": tps,
                        "mfu": tps * fpt / (peak_flops(run.device, run.amp_dtype, t.peak_tflops) * run.world.size)}
             window_steps, window_t = 0, time.perf_counter()
-        if t.eval_every and step % t.eval_every == 0 and step < t.steps and run.world.main:
-            metrics.update(run.validation(extrapolate=False))
+        if t.eval_every and step % t.eval_every == 0 and step < t.steps:
+            run.sync(with_optimizer=False)
+            if run.world.main:
+                metrics.update(run.validation(extrapolate=False))
         run.emit(metrics)
         out_of_time = t.max_time_s > 0 and time.perf_counter() - t_start > t.max_time_s
         if t.max_time_s > 0:
@@ -331,6 +361,7 @@ def _train(cfg: RunConfig, reporter: Reporter, strategy: str) -> TrainResult:
         if out_of_time:
             stop_reason = "max_time"
             break
+    run.sync(with_optimizer=True)  # the final checkpoint's state, on rank 0
     if not run.world.main:  # rank 0 alone evaluates and writes the final checkpoint and result
         return TrainResult(run.run_dir, run.chash, run.step, run.losses, {}, None, resumed_from=run.resumed_from,
                            stop_reason=stop_reason)
