@@ -235,7 +235,8 @@ def _train_workers(cell_id: str, cfg: RunConfig, payload: dict[str, Any], resour
         run_config=ray.train.RunConfig(  # a fresh Train run per attempt: resuming is the trainer's own checkpoint's
             name=f"{cell_id}-{tune.get_context().get_trial_id()}-{time.time_ns()}",
             storage_path=str(Path(payload["root"]) / "ray" / "train"),
-            failure_config=ray.train.FailureConfig(max_failures=0)),  # Tune's max_failures retries the trial
+            failure_config=ray.train.FailureConfig(max_failures=0),  # Tune's max_failures retries the trial
+            logging_config=ray.train.LoggingConfig(log_level="WARNING")),  # progress lines come from Tune
     )
     failure: list[BaseException] = []
 
