@@ -136,7 +136,9 @@ def _tuner(payload: dict[str, Any], spec: SweepSpec, uri: str, restore: bool):
         param_space=param_space,
         tune_config=tune.TuneConfig(num_samples=num_samples, max_concurrent_trials=_concurrent(spec),
                                     scheduler=scheduler, search_alg=search_alg,
-                                    reuse_actors=True,  # a warm worker (torch imported, data cached) per slot
+                                    # a warm worker (torch imported, data cached) per slot; a Train run's trial is
+                                    # never reused: a stopped trial's actor dies, and its Train run with it
+                                    reuse_actors=r.workers == 1,
                                     trial_name_creator=functools.partial(trial_name, payload=payload)),
         run_config=tune.RunConfig(
             name="tune",
