@@ -9,8 +9,9 @@ once, at the step it was computed; the final evaluation is reported at the last 
 
 Data-parallel (`trainer.distributed`): when torch.distributed is initialised with W processes, each
 trains on its rows of the global batch under `strategy` (gradients averaged), the logged loss is the
-mean over the workers, and only rank 0 writes the run directory, evaluates and talks to the reporter;
-the per-step losses equal a one-process run's to fp32 rounding, and checkpoints are the same files.
+mean over the workers, and only rank 0 writes the run directory, evaluates and talks to the reporter
+(a sharding strategy's state is gathered to rank 0's model first); the per-step losses equal a
+one-process run's to fp32 rounding, and checkpoints are the same files.
 """
 
 from __future__ import annotations
