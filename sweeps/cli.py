@@ -32,7 +32,9 @@ def _plan(a: argparse.Namespace) -> int:
         print(f"{c.cell_id:<{width}}  {c.config_hash:<16}  {'= ' + c.dedup_of if c.dedup_of else 'train'}")
     s = plan.summary()
     print(f"\n{s['cells']} cells, {s['trials_run']} trials run, {s['trials_saved']} saved by dedup; "
-          f"{s['per_trial']['cpus']} CPU / {s['per_trial']['gpus']} GPU per trial, {s['concurrent_here']} at once "
+          f"{s['per_trial']['cpus']} CPU / {s['per_trial']['gpus']} GPU per trial"
+          f"{' in ' + str(s['per_trial']['workers']) + ' Ray Train workers' if s['per_trial']['workers'] > 1 else ''}, "
+          f"{s['concurrent_here']} at once "
           f"on this machine; {s['total_steps']} optimizer steps in all; search={s['search']}, "
           f"scheduler={s['scheduler']}; writes to {s['dir']}")
     for note in plan.warnings:

@@ -19,6 +19,7 @@ __all__ = ["estimate_sweep", "estimate_text"]
 
 FORWARD_SHARE = 1 / 3  # a forward pass costs about a third of a training step (forward + backward + update)
 TRIAL_OVERHEAD_S = 6.0  # data, model and checkpoint set-up, dumps and reporting per trial (hdrope bench sweep)
+TRAIN_RUN_OVERHEAD_S = 10.0  # a Ray Train run per trial of workers > 1: controller, worker group, process group
 STARTUP_S = 15.0  # embedded Ray and MLflow start-up, reconciliation and results
 MAX_TIMED_PARAMS = 60e6  # larger models are not timed on the driver (it would take minutes of the sweep's time)
 
@@ -51,8 +52,9 @@ def estimate_sweep(plan: Plan) -> dict[str, Any]:
     s = plan.summary()
     if plan.spec.search.kind != "grid":
         return {"reason": "Optuna trials are sampled as they run"}
-    if plan.spec.resources.gpus:
+    if plan.spec.resources.gpus or plan.spec.resources.gpus_per_worker:
         return {"reason": "GPU trials are not timed on the driver"}
+    overhead = TRIAL_OVERHEAD_S + (TRAIN_RUN_OVERHEAD_S if plan.spec.resources.workers > 1 else 0.0)
     step_s: dict[str, float] = {}
     per_trial: list[float] = []
     for cell in plan.to_run:
@@ -63,7 +65,7 @@ def estimate_sweep(plan: Plan) -> dict[str, Any]:
                 return {"reason": f"models of {_params(cfg) / 1e6:.0f}M parameters are not timed on the driver"}
             threads = cfg.train.threads or max(1, int(plan.spec.resources.cpus))
             step_s[key] = step_seconds(cfg.model, cfg.train.batch_size * cfg.train.grad_accum, threads)
-        per_trial.append((cfg.train.steps + _eval_steps(cfg)) * step_s[key] + TRIAL_OVERHEAD_S)
+        per_trial.append((cfg.train.steps + _eval_steps(cfg)) * step_s[key] + overhead)  # W workers: no faster
     if not per_trial:
         return {"reason": "nothing to train (every cell is a dedup copy)"}
     slots = max(1, s["concurrent_here"])

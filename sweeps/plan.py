@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from hdrope.errors import UserError
 from sweeps.spec import SpecError, SweepSpec, check_name
 from trainer.config import RunConfig, config_errors, config_hash, metric_names
+from trainer.distributed import STRATEGIES
 from trainer.position import dedup_pe
 from trainer.presets import merge_config, preset_layer
 
@@ -66,17 +67,20 @@ class Plan:
 
     def summary(self) -> dict[str, Any]:
         """Counts and resources, as `hdrope sweep plan` prints them."""
+        r = self.spec.resources
         cpus = os.cpu_count() or 1
-        fit = max(1, int(cpus // max(self.spec.resources.cpus, 1e-9)))
-        if self.spec.resources.gpus > 0:  # fractional GPUs share a device: 0.25 -> four trials per GPU
-            fit = min(fit, int(local_gpus() // self.spec.resources.gpus + 1e-9))
+        fit = int(cpus // max(r.cpus * r.workers, 1e-9) + 1e-9)
+        fit = fit if r.workers > 1 else max(1, fit)  # a Train run starts only when all its workers fit
+        gpus = r.gpus if r.workers == 1 else r.gpus_per_worker * r.workers
+        if gpus > 0:  # fractional GPUs share a device: 0.25 -> four trials per GPU
+            fit = min(fit, int(local_gpus() // gpus + 1e-9))
         concurrent = min(fit, self.spec.max_concurrent or fit)
         optuna = self.spec.search.kind == "optuna"
         return {"name": self.spec.name, "dir": str(self.root), "cells": len(self.cells),
                 "trials_run": self.spec.search.n_trials if optuna else len(self.to_run),
                 "trials_saved": 0 if optuna else len(self.cells) - len(self.to_run),
                 "search": self.spec.search.kind, "scheduler": self.spec.scheduler,
-                "per_trial": {"cpus": self.spec.resources.cpus, "gpus": self.spec.resources.gpus},
+                "per_trial": {"cpus": r.cpus * r.workers, "gpus": gpus, "workers": r.workers},
                 "concurrent_here": concurrent, "total_steps": sum(c.config.train.steps for c in self.to_run)}
 
 
@@ -175,6 +179,7 @@ def _check_spec(spec: SweepSpec) -> list[str]:
     if not spec.resources.cpus > 0 or not spec.resources.gpus >= 0:
         p.append(f"resources: cpus must be > 0 and gpus >= 0, got cpus={spec.resources.cpus}, "
                  f"gpus={spec.resources.gpus}")
+    p += _worker_problems(spec.resources)
     for key in ("max_concurrent", "max_failures", "checkpoint_every"):
         if getattr(spec, key) < 0:
             p.append(f"{key}={getattr(spec, key)}: must be >= 0")
@@ -194,12 +199,40 @@ def _check_spec(spec: SweepSpec) -> list[str]:
     return p
 
 
+def _worker_problems(r: Any) -> list[str]:
+    """What is wrong with the data-parallel worker settings of `resources` (workers, gpus_per_worker, strategy)."""
+    p: list[str] = []
+    if r.workers < 1:
+        p.append(f"resources.workers={r.workers}: must be >= 1 (1 trains in the trial's own process, W > 1 runs W "
+                 "data-parallel Ray Train workers)")
+    if r.strategy not in STRATEGIES:
+        p.append(f"resources.strategy={r.strategy!r}: choose one of {', '.join(sorted(STRATEGIES))}")
+    if not r.gpus_per_worker >= 0:
+        p.append(f"resources.gpus_per_worker={r.gpus_per_worker}: must be >= 0")
+    if r.workers == 1 and r.gpus_per_worker > 0:
+        p.append(f"resources.gpus_per_worker={r.gpus_per_worker:g} with workers=1: one process trains; "
+                 "set resources.gpus instead, or workers >= 2")
+    if r.workers > 1 and r.gpus > 0:
+        p.append(f"resources.gpus={r.gpus:g} with workers={r.workers}: the trial's own process trains nothing; "
+                 "set resources.gpus_per_worker instead")
+    return p
+
+
 def _numbers(spec: SweepSpec) -> list[tuple[str, float]]:
     """(key, value) of every float the spec itself holds (resources, Optuna bounds)."""
-    found = [("resources.cpus", spec.resources.cpus), ("resources.gpus", spec.resources.gpus)]
+    found = [("resources.cpus", spec.resources.cpus), ("resources.gpus", spec.resources.gpus),
+             ("resources.gpus_per_worker", spec.resources.gpus_per_worker)]
     for key, dim in spec.search.space.items():
         found += [(f"search.space.{key}.low", dim.low), (f"search.space.{key}.high", dim.high)]
     return [(k, float(v)) for k, v in found if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+def _split_problems(cfg: RunConfig, workers: int) -> list[str]:
+    """Whether the cell's global batch splits evenly over the data-parallel workers."""
+    if workers > 1 and cfg.train.batch_size % workers:
+        return [f"train.batch_size={cfg.train.batch_size} does not split evenly over resources.workers={workers}; "
+                f"use a multiple of {workers} (the global batch is divided among the workers)"]
+    return []
 
 
 def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
@@ -226,7 +259,7 @@ def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
         except ValueError as err:
             problems.append(f"{where}: {str(err).split(': ', 1)[-1]}")
             continue
-        errs = config_errors(cfg)
+        errs = config_errors(cfg) + _split_problems(cfg, spec.resources.workers)
         if not errs and spec.search.metric not in (names := metric_names(cfg)):
             errs = [f"search.metric={spec.search.metric!r} is not reported by this cell; choose one of {names}"]
         if errs:
@@ -253,7 +286,9 @@ def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
     if spec.scheduler == "asha":
         notes.append("scheduler=asha stops weak trials early: ablation tables will have holes (use fifo for tables)")
         warnings.warn(notes[-1], stacklevel=2)
-    if spec.resources.gpus > 0 and local_gpus() == 0:
-        notes.append(f"resources.gpus={spec.resources.gpus:g}: this machine has no GPU, so its embedded Ray cannot "
+    if (spec.resources.gpus > 0 or spec.resources.gpus_per_worker > 0) and local_gpus() == 0:
+        gpus = spec.resources.gpus or spec.resources.gpus_per_worker
+        key = "gpus" if spec.resources.gpus else "gpus_per_worker"
+        notes.append(f"resources.{key}={gpus:g}: this machine has no GPU, so its embedded Ray cannot "
                      "run these trials; submit the sweep to a cluster with GPUs (--address)")
     return Plan(spec, cells, root, notes)

@@ -21,7 +21,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from hdrope.errors import UserError
-from sweeps.plan import Plan, make_plan
+from sweeps.plan import Plan, local_gpus, make_plan
 from sweeps.procs import exit_on_signals, loopback_ray, signal_exit_codes, start_watchdog
 from sweeps.results import cell_rows, write_results
 from sweeps.spec import SweepSpec, check_name, load_spec
@@ -108,9 +108,11 @@ def _tuner(payload: dict[str, Any], spec: SweepSpec, uri: str, restore: bool):
     from sweeps.progress import ProgressCallback
 
     root = Path(payload["root"])
-    trainable = tune.with_resources(
-        tune.with_parameters(run_trial, payload=payload), {"cpu": spec.resources.cpus, "gpu": spec.resources.gpus}
-    )
+    # A trial of W > 1 workers only drives its Ray Train run, whose workers hold the CPUs and GPUs: the trial asks
+    # for one byte of memory, the least Tune accepts (a request may not be empty), so W workers fit W CPUs.
+    r = spec.resources
+    request = {"cpu": r.cpus, "gpu": r.gpus} if r.workers == 1 else {"cpu": 0, "gpu": 0, "memory": 1}
+    trainable = tune.with_resources(tune.with_parameters(run_trial, payload=payload), request)
     exp_dir = root / "ray" / "tune"
     if restore and tune.Tuner.can_restore(str(exp_dir)):
         return tune.Tuner.restore(str(exp_dir), trainable, resume_errored=True)
@@ -132,9 +134,11 @@ def _tuner(payload: dict[str, Any], spec: SweepSpec, uri: str, restore: bool):
     return tune.Tuner(
         trainable,
         param_space=param_space,
-        tune_config=tune.TuneConfig(num_samples=num_samples, max_concurrent_trials=spec.max_concurrent or None,
+        tune_config=tune.TuneConfig(num_samples=num_samples, max_concurrent_trials=_concurrent(spec),
                                     scheduler=scheduler, search_alg=search_alg,
-                                    reuse_actors=True,  # a warm worker (torch imported, data cached) per slot
+                                    # a warm worker (torch imported, data cached) per slot; a Train run's trial is
+                                    # never reused: a stopped trial's actor dies, and its Train run with it
+                                    reuse_actors=r.workers == 1,
                                     trial_name_creator=functools.partial(trial_name, payload=payload)),
         run_config=tune.RunConfig(
             name="tune",
@@ -145,6 +149,21 @@ def _tuner(payload: dict[str, Any], spec: SweepSpec, uri: str, restore: bool):
             verbose=0,  # ProgressCallback prints one line per trial event instead of Tune's tables
         ),
     )
+
+
+def _concurrent(spec: SweepSpec) -> int | None:
+    """Tune's max_concurrent_trials: the spec's, or for Ray Train trials (which hold no resources themselves) the
+    number of Train runs the cluster fits at once, so no trial waits on workers it cannot get."""
+    import ray
+
+    r = spec.resources
+    if r.workers == 1 or spec.max_concurrent:
+        return spec.max_concurrent or None
+    have = ray.cluster_resources()
+    fit = int(have.get("CPU", 0) // (r.cpus * r.workers) + 1e-9)
+    if r.gpus_per_worker > 0:
+        fit = min(fit, int(have.get("GPU", 0) // (r.gpus_per_worker * r.workers) + 1e-9))
+    return max(1, fit)
 
 
 def _optuna(spec: SweepSpec, root: Path) -> tuple[dict[str, Any], Any]:
@@ -266,9 +285,11 @@ def run_sweep(spec_path: str, overrides: list[str] | None = None, address: str |
     exit_on_signals()
     plan = prepare(spec_path, overrides)
     if address is None and plan.summary()["concurrent_here"] == 0:
-        raise UserError(f"resources.gpus={plan.spec.resources.gpus:g} per trial, but this machine has no GPU for "
-                        "the embedded Ray: every trial would wait forever; run with --address on a cluster with "
-                        "GPUs, or set resources.gpus: 0")
+        per_trial, cpus = plan.summary()["per_trial"], os.cpu_count() or 1
+        raise UserError(f"a trial needs {per_trial['cpus']:g} CPUs and {per_trial['gpus']:g} GPUs (resources: "
+                        f"workers={plan.spec.resources.workers}), but this machine has {cpus} CPUs and "
+                        f"{local_gpus()} GPUs for the embedded Ray: every trial would wait forever; run with --address "
+                        "on a cluster that fits a trial, or lower resources.workers, cpus, gpus or gpus_per_worker")
     uri = _uri(plan.spec, plan.root, tracking_uri)
     payload = write_plan(plan)
     restore = (plan.root / "ray" / "tune").is_dir()

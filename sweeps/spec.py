@@ -10,7 +10,7 @@ axes:                            # dotted keys -> lists; the grid is their produ
   seed: [42]                     # `seed` is short for train.seed
 search: {kind: grid}             # or optuna with sampler, n_trials, metric, mode, space
 scheduler: fifo                  # or asha (leaves holes in ablation tables)
-resources: {cpus: 1, gpus: 0}
+resources: {cpus: 1, gpus: 0}    # or {workers: 2, cpus: 1, gpus_per_worker: 0, strategy: ddp}: Ray Train workers
 max_concurrent: 0                # 0: as many as the cluster fits
 max_failures: 1                  # retries of a failed trial, each from its last checkpoint
 checkpoint_every: 0              # 0: keep the base config's train.ckpt_every
@@ -67,10 +67,17 @@ class Search:
 
 @dataclass
 class Resources:
-    """Per-trial resources; fractional GPUs are allowed."""
+    """Per-trial resources; fractional GPUs are allowed.
+
+    workers = 1 trains in the trial's own process with `cpus` and `gpus`. workers = W > 1 makes the trial a Ray
+    Train run of W data-parallel workers, each with `cpus` CPUs and `gpus_per_worker` GPUs, under `strategy` (a
+    key of `trainer.distributed.STRATEGIES`); the trial's own process then only drives it and holds nothing."""
 
     cpus: float = 1.0
     gpus: float = 0.0
+    workers: int = 1
+    gpus_per_worker: float = 0.0
+    strategy: str = "ddp"
 
 
 @dataclass

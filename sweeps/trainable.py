@@ -5,6 +5,11 @@ cell: it trains exactly the config that was validated before the sweep started. 
 checkpoints reach Tune through `TuneReporter`, each result holding only the metrics computed at its
 step (listed under `reported`). Tune's checkpoint of a trial is a pointer to the trainer's own checkpoint
 (one copy on disk); a retried trial resumes from it.
+
+With `resources.workers` W > 1 the trial only drives a Ray Train run (Train V2: a `TorchTrainer` built and
+fitted inside the Tune function): W data-parallel workers train the cell (`trainer.distributed`), and rank 0's
+reporter sends each result and checkpoint pointer through a queue to the trial, which reports them to Tune
+as a one-process trial would.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,14 +26,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from hdrope.errors import UserError
 from sweeps.plan import cell_config, metric_driven, seed_axes
-from sweeps.spec import SweepSpec, check_name
+from sweeps.spec import Resources, SweepSpec, check_name
 from trainer.config import RunConfig
 from trainer.presets import merge_config, refuse_interpolations
 from trainer.reporting import Reporter
 from trainer.run_files import read_result
 
-__all__ = ["REPORTED", "TuneReporter", "plan_payload", "read_payload", "reported_metrics", "resolve_cell", "run_trial",
-           "tune_result"]
+__all__ = ["REPORTED", "TuneReporter", "WorkerReporter", "plan_payload", "read_payload", "reported_metrics",
+           "resolve_cell", "run_trial", "train_worker", "trial_resources", "tune_result"]
 
 
 def plan_payload(plan) -> dict[str, Any]:
@@ -147,20 +153,112 @@ class TuneReporter(Reporter):
         return target if target.is_dir() else None
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        from ray import tune
-
         if self.required is None or self.required in metrics:  # a searcher needs its metric in every result
-            tune.report(tune_result(self.cell_id, step, metrics, **self._progress(step)))
+            self.send(tune_result(self.cell_id, step, metrics, **self._progress(step)))
 
     def checkpoint(self, step: int, path: Path, metrics: dict[str, float]) -> None:
-        from ray import tune
-
         result = tune_result(self.cell_id, step, metrics, **self._progress(step))
         if self.required is not None and self.required not in result:
             result[self.required] = float("nan")  # a checkpoint is never dropped; not listed under REPORTED
+        self.send(result, {"path": str(Path(path).resolve()), "step": step})
+
+    def send(self, result: dict[str, Any], pointer: dict[str, Any] | None = None) -> None:
+        """Report a result to Tune, with a checkpoint that points at the trainer's (`pointer`: path and step)."""
+        from ray import tune
+
+        if pointer is None:
+            tune.report(result)
+            return
         with tempfile.TemporaryDirectory(prefix="hdrope-ckpt-pointer-") as tmp:  # one copy on disk: the trainer's
-            (Path(tmp) / POINTER).write_text(json.dumps({"path": str(Path(path).resolve()), "step": step}))
+            (Path(tmp) / POINTER).write_text(json.dumps(pointer))
             tune.report(result, checkpoint=tune.Checkpoint.from_directory(tmp))
+
+
+class WorkerReporter(TuneReporter):
+    """Rank 0's reporter in a Ray Train worker: sends each Tune result (and checkpoint pointer) through a queue
+    to the Tune trial that drives the Train run, and resumes from the checkpoint that trial was restored to."""
+
+    def __init__(self, cell_id: str, required_metric: str | None, queue: Any, restore: str | None) -> None:
+        super().__init__(cell_id, required_metric)
+        self.queue, self.restore = queue, restore
+
+    def restore_path(self) -> Path | None:
+        return Path(self.restore) if self.restore and Path(self.restore).is_dir() else None
+
+    def send(self, result: dict[str, Any], pointer: dict[str, Any] | None = None) -> None:
+        self.queue.put((result, pointer))
+
+
+def trial_resources(payload: dict[str, Any]) -> Resources:
+    """The spec's `resources` of a stored plan (defaults for keys a plan of an older version lacks)."""
+    node = OmegaConf.create(payload["spec"]).get("resources") or {}
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Resources), node))
+
+
+def train_worker(loop_config: dict[str, Any]) -> None:
+    """Ray Train's function per worker: train the cell's config in the process group Ray Train set up."""
+    import ray.train
+
+    from sweeps.progress import quiet_logs
+    from trainer.loop import train
+
+    quiet_logs()
+    cfg = merge_config([OmegaConf.create(loop_config["config"])], where=f"cell {loop_config['cell_id']}")
+    reporter = None
+    if ray.train.get_context().get_world_rank() == 0:
+        reporter = WorkerReporter(loop_config["cell_id"], loop_config["required_metric"], loop_config["queue"],
+                                  loop_config["restore"])
+    train(cfg, reporter, strategy=loop_config["strategy"])
+
+
+def _train_workers(cell_id: str, cfg: RunConfig, payload: dict[str, Any], resources: Resources) -> None:
+    """Train the cell as a Ray Train run of `resources.workers` data-parallel workers driven from this Tune trial;
+    rank 0's results and checkpoint pointers reach Tune through a queue."""
+    import ray.train
+    from ray import tune
+    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.util.queue import Empty, Queue
+
+    tuned = TuneReporter(cell_id, payload.get("required_metric"))
+    restore = tuned.restore_path()
+    queue = Queue(actor_options={"num_cpus": 0})
+    use_gpu = resources.gpus_per_worker > 0
+    trainer = TorchTrainer(
+        train_worker,
+        train_loop_config={"config": OmegaConf.to_yaml(OmegaConf.structured(cfg)), "cell_id": cell_id,
+                           "required_metric": payload.get("required_metric"), "queue": queue,
+                           "restore": str(restore) if restore else None, "strategy": resources.strategy},
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=resources.workers, use_gpu=use_gpu,
+            resources_per_worker={"CPU": resources.cpus, **({"GPU": resources.gpus_per_worker} if use_gpu else {})}),
+        run_config=ray.train.RunConfig(  # a fresh Train run per attempt: resuming is the trainer's own checkpoint's
+            name=f"{cell_id}-{tune.get_context().get_trial_id()}-{time.time_ns()}",
+            storage_path=str(Path(payload["root"]) / "ray" / "train"),
+            failure_config=ray.train.FailureConfig(max_failures=0),  # Tune's max_failures retries the trial
+            logging_config=ray.train.LoggingConfig(log_level="WARNING")),  # progress lines come from Tune
+    )
+    failure: list[BaseException] = []
+
+    def fit() -> None:
+        try:
+            trainer.fit()
+        except BaseException as err:  # re-raised in the trial below
+            failure.append(err)
+
+    runner = threading.Thread(target=fit, name=f"train-{cell_id}", daemon=True)
+    runner.start()
+    try:
+        while runner.is_alive() or not queue.empty():
+            try:
+                tuned.send(*queue.get(timeout=0.5))
+            except Empty:
+                pass
+        runner.join()
+    finally:
+        queue.shutdown()
+    if failure:
+        raise failure[0]
 
 
 def finished_result(cfg: RunConfig) -> dict[str, Any] | None:
@@ -184,8 +282,12 @@ def run_trial(config: dict[str, Any], payload: dict[str, Any]) -> None:
         tune.report(tune_result(cell_id, done["step"], metrics, steps=done["step"], reused=1))
         return
     error_file = Path(cfg.train.out_dir) / "error.txt"
+    resources = trial_resources(payload)
     try:
-        train(cfg, TuneReporter(cell_id, payload.get("required_metric")))
+        if resources.workers > 1:
+            _train_workers(cell_id, cfg, payload, resources)
+        else:
+            train(cfg, TuneReporter(cell_id, payload.get("required_metric")))
     except Exception as err:
         error_file.parent.mkdir(parents=True, exist_ok=True)
         error_file.write_text(f"{type(err).__name__}: {err}\n")

@@ -106,6 +106,17 @@ BAD = [
      "description='${oc.env:HOME}' is an OmegaConf interpolation"),
     ("name: x\nbase: tiny\noverrides: {data.paths: ['${oc.env:HOME}']}", "data.paths[0]"),
     ("name: x\nbase: tiny\nsearch: {metric: val_loss_x16}", "search.metric='val_loss_x16' is not reported"),
+    # issue 12: data-parallel workers (Ray Train inside Tune)
+    ("name: x\nbase: tiny\nresources: {workers: 0}", "resources.workers=0: must be >= 1"),
+    ("name: x\nbase: tiny\nresources: {workers: two}", "resources.workers"),
+    ("name: x\nbase: tiny\nresources: {workers: 2, strategy: zero3}", "resources.strategy='zero3': choose one of ddp"),
+    ("name: x\nbase: tiny\nresources: {workers: 2, gpus: 1}", "resources.gpus=1 with workers=2"),
+    ("name: x\nbase: tiny\nresources: {gpus_per_worker: 1}", "resources.gpus_per_worker=1 with workers=1"),
+    ("name: x\nbase: tiny\nresources: {workers: 2, gpus_per_worker: -1}",
+     "resources.gpus_per_worker=-1.0: must be >= 0"),
+    ("name: x\nbase: tiny\nresources: {workers: 2, gpus_per_worker: .nan}", "resources.gpus_per_worker=nan"),
+    ("name: x\nbase: tiny\nresources: {workers: 3}",
+     "train.batch_size=8 does not split evenly over resources.workers=3"),
 ]
 
 
@@ -190,3 +201,25 @@ def test_extrapolation_metrics_are_valid_search_metrics_when_configured(tmp_path
     text = GOOD.replace("{{train.steps: 5}}", "{{train.steps: 5, eval.extrapolation: [2, 16]}}")
     plan = prepare(str(write(tmp_path, text + "search: {{metric: val_loss_x16}}\n")))
     assert plan.cells and plan.spec.search.metric == "val_loss_x16"
+
+
+def test_workers_keep_every_cell_config_hash_and_plan_their_cpus(tmp_path, capsys):
+    """A run is the same function of (seed, step) for any number of workers: same cells, same hashes."""
+    one = prepare(write(tmp_path, GOOD, "one.yaml"))
+    two = prepare(write(tmp_path, GOOD + "resources: {{workers: 2, cpus: 1, strategy: ddp}}\n", "two.yaml"))
+    assert [(c.cell_id, c.config_hash, c.dedup_of) for c in two.cells] == [
+        (c.cell_id, c.config_hash, c.dedup_of) for c in one.cells]
+    summary = two.summary()
+    assert summary["per_trial"] == {"cpus": 2.0, "gpus": 0.0, "workers": 2}
+    assert summary["concurrent_here"] == (os.cpu_count() or 1) // 2
+    assert main(["sweep", "plan", str(tmp_path / "two.yaml")]) == 0
+    assert "2.0 CPU / 0.0 GPU per trial in 2 Ray Train workers" in capsys.readouterr().out
+
+
+def test_more_workers_than_this_machine_has_cpus_exit_2_before_ray(tmp_path, capsys):
+    spec = GOOD.replace("train.steps: 5", "train.steps: 5, train.batch_size: 4096") + "resources: {{workers: 4096}}\n"
+    assert main(["sweep", "run", str(write(tmp_path, spec))]) == 2
+    err = capsys.readouterr().err
+    assert "a trial needs 4096 CPUs" in err and "workers=4096" in err and "lower resources.workers" in err
+    assert not (tmp_path / "store").exists()
+    assert "ray" not in sys.modules or not __import__("ray").is_initialized()

@@ -1,7 +1,9 @@
 """Deterministic batches: the windows of step s depend only on (seed, s, micro-batch), never on history.
 
 So the data position of a run is its step count, and a resumed run sees exactly the batches an
-uninterrupted one would. Validation windows are fixed, evenly spaced and shared by every run.
+uninterrupted one would. A batch is the step's global batch; with W data-parallel workers (the rank axis)
+worker r takes its contiguous 1/W of the rows, so W workers together see exactly the rows one process
+would. Validation windows are fixed, evenly spaced and shared by every run.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ def check_length(tokens: np.ndarray, length: int, what: str) -> None:
 
 
 class TrainBatches:
-    """(batch, seq_len + 1) int64 windows from the train stream, with an optional passkey mixture."""
+    """(batch / world_size, seq_len + 1) int64 windows from the train stream, with an optional passkey mixture:
+    rank `rank`'s rows of the global batch of `batch_size` rows."""
 
     def __init__(
         self,
@@ -35,13 +38,20 @@ class TrainBatches:
         seed: int,
         passkey: PasskeyPrompter | None = None,
         passkey_ratio: float = 0.0,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
         check_length(tokens, seq_len, "model.max_seq_len (training)")
+        if batch_size % world_size:
+            raise UserError(f"train.batch_size={batch_size} does not split evenly over {world_size} workers; "
+                            f"use a multiple of {world_size} or another number of workers")
         self.tokens, self.seq_len, self.batch_size, self.seed = tokens, seq_len, batch_size, seed
         self.passkey, self.passkey_ratio = passkey, passkey_ratio
+        per_rank = batch_size // world_size
+        self.rows = slice(rank * per_rank, (rank + 1) * per_rank)
 
     def get(self, step: int, micro: int = 0) -> torch.Tensor:
-        """The micro-batch `micro` of optimizer step `step`."""
+        """This rank's rows of micro-batch `micro` of optimizer step `step`."""
         rng = np.random.default_rng([self.seed, step, micro])
         n = self.seq_len + 1
         starts = rng.integers(0, len(self.tokens) - n + 1, size=self.batch_size)
@@ -50,7 +60,7 @@ class TrainBatches:
             for i in np.flatnonzero(rng.random(self.batch_size) < self.passkey_ratio):
                 ids = self.passkey.sample_training(n, rng)
                 out[i, n - len(ids) :] = ids  # real text before, the passkey prompt at the end
-        return torch.from_numpy(out)
+        return torch.from_numpy(out[self.rows])
 
 
 def val_windows(tokens: np.ndarray, seq_len: int, count: int) -> torch.Tensor:

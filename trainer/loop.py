@@ -6,6 +6,12 @@ fp32). Writes under train.out_dir (default runs/<name>-<config hash>): run.json,
 checkpoints/, metrics.jsonl, passkey.parquet, attention/ and result.json (see trainer.run_files).
 A run directory belongs to one configuration; another one is refused. Each metric is reported
 once, at the step it was computed; the final evaluation is reported at the last step.
+
+Data-parallel (`trainer.distributed`): when torch.distributed is initialised with W processes, each
+trains on its rows of the global batch under `strategy` (gradients averaged), the logged loss is the
+mean over the workers, and only rank 0 writes the run directory, evaluates and talks to the reporter
+(a sharding strategy's state is gathered to rank 0's model first); the per-step losses equal a
+one-process run's to fp32 rounding, and checkpoints are the same files.
 """
 
 from __future__ import annotations
@@ -30,6 +36,18 @@ from trainer.batches import TrainBatches, check_length, val_windows
 from trainer.checkpoint import latest_checkpoint, load_checkpoint, read_state, save_checkpoint
 from trainer.config import RunConfig, config_hash, flatten_config, validate_config
 from trainer.corpus import load_corpus
+from trainer.distributed import (
+    STRATEGIES,
+    World,
+    broadcast_from_main,
+    current_world,
+    gather_to_main,
+    load_from_main,
+    main_first,
+    mean_across,
+    no_sync,
+    wrap_model,
+)
 from trainer.evaluate import Autocast, evaluate_passkey, evaluate_validation
 from trainer.model import Llama
 from trainer.optim import build_optimizer, lr_at
@@ -91,12 +109,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _device(name: str) -> torch.device:
+def _device(name: str, world: World | None = None) -> torch.device:
+    """The configured device; a CUDA device is the worker's local one (its local rank among this machine's GPUs)."""
     if name == "cuda" and not torch.cuda.is_available():
         raise UserError("train.device=cuda but no CUDA device is visible; use train.device=cpu or auto")
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    kind = ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
+    if kind == "cuda" and world is not None and world.size > 1:
+        return torch.device("cuda", world.local_rank % torch.cuda.device_count())
+    return torch.device(kind)
 
 
 def _autocast(device: torch.device, dtype: str) -> tuple[Autocast, torch.dtype]:
@@ -159,22 +179,29 @@ def _checkpoint_step(path: Path) -> int:
 class _Run:
     """State of one training run; `train` drives it."""
 
-    def __init__(self, cfg: RunConfig, reporter: Reporter) -> None:
+    def __init__(self, cfg: RunConfig, reporter: Reporter, strategy: str = "ddp") -> None:
         self.cfg, self.reporter = cfg, reporter
+        self.world = current_world()
         self.chash = config_hash(cfg)
         self.run_dir = Path(cfg.train.out_dir) if cfg.train.out_dir else default_out_dir(cfg.name, self.chash)
         self.ckpt_root = self.run_dir / "checkpoints"
-        self.device = _device(cfg.train.device)
+        self.device = _device(cfg.train.device, self.world)
         self.autocast, self.amp_dtype = _autocast(self.device, cfg.train.dtype)
-        self.data = prepare_data(cfg)
+        with main_first(self.world):  # rank 0 fills the tokenizer and token caches, the others read them
+            self.data = prepare_data(cfg)
         _check_lengths(cfg, self.data)
         seed_everything(cfg.train.seed)
-        self.model = Llama(cfg.model).to(self.device)
-        self.forward = torch.compile(self.model) if cfg.train.compile else self.model
+        self.model = Llama(cfg.model).to(self.device)  # the run's model: evaluated and checkpointed by rank 0
         self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.parallel = self.model if self.world.size == 1 else wrap_model(self.model, strategy, self.device)
+        self.shards = self.world.size > 1 and STRATEGIES[strategy].shards  # trains a sharded copy of self.model
+        self.train_optimizer = build_optimizer(self.parallel, cfg.optim) if self.shards else self.optimizer
+        self.synced = (0, True)  # (step, with optimizer) self.model last received the shards' state
+        self.forward = torch.compile(self.parallel) if cfg.train.compile else self.parallel
         prompter = self.data.prompter if cfg.data.passkey_ratio > 0 else None
         self.batches = TrainBatches(self.data.tokens.train, cfg.model.max_seq_len, cfg.train.batch_size,
-                                    cfg.train.seed, prompter, cfg.data.passkey_ratio)
+                                    cfg.train.seed, prompter, cfg.data.passkey_ratio, self.world.rank,
+                                    self.world.size)
         self.losses: list[float] = []
         self.step = 0
         self.train_seconds, self.steps_here = 0.0, 0  # pure training time and steps in this process
@@ -186,10 +213,14 @@ class _Run:
     def resume(self) -> None:
         """Continue from the newest of the reporter's checkpoint (e.g. Ray's) and this run's own latest.
 
-        A checkpoint of another configuration is refused; metrics.jsonl is cut back to the resumed step."""
-        candidates = [p for p in (self.reporter.restore_path(), latest_checkpoint(self.ckpt_root)) if p is not None]
-        if candidates:
-            path = max(candidates, key=_checkpoint_step)
+        A checkpoint of another configuration is refused; metrics.jsonl is cut back to the resumed step.
+        Rank 0 chooses the checkpoint and every worker loads it."""
+        path = None
+        if self.world.main:
+            candidates = [p for p in (self.reporter.restore_path(), latest_checkpoint(self.ckpt_root)) if p is not None]
+            path = max(candidates, key=_checkpoint_step) if candidates else None
+        path = broadcast_from_main(path, self.world)
+        if path is not None:
             written_by = read_state(Path(path)).get("config_hash")
             if written_by != self.chash:
                 raise UserError(
@@ -198,7 +229,12 @@ class _Run:
                 )
             state = load_checkpoint(Path(path), self.model, self.optimizer)
             self.step, self.losses = int(state["step"]), list(state["losses"])
+            self.synced = (self.step, True)
+            if self.shards:
+                load_from_main(self.parallel, self.train_optimizer, self.model, self.optimizer)
             self.resumed_from, self.last_ckpt = self.step, Path(path)
+        if not self.world.main:
+            return
         truncate_metrics(self.metrics_file, self.step)
         self.step_metrics = metrics_at(read_metrics(self.metrics_file), self.step)
         if self.step < self.cfg.train.steps:
@@ -207,40 +243,56 @@ class _Run:
     def train_step(self) -> float:
         cfg = self.cfg
         lr = lr_at(self.step, cfg.optim, cfg.train.steps)
-        for group in self.optimizer.param_groups:
+        for group in self.train_optimizer.param_groups:
             group["lr"] = lr
         total = 0.0
         for micro in range(cfg.train.grad_accum):
             batch = self.batches.get(self.step, micro).to(self.device)
-            with self.autocast():
-                logits = self.forward(batch[:, :-1])
-            loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
-            if not torch.isfinite(loss):
-                raise TrainingDiverged(
-                    f"loss is {loss.item()} at step {self.step + 1} (micro-batch {micro}); "
-                    "lower optim.lr, keep optim.grad_clip on, or use train.dtype=fp32"
-                )
-            (loss / cfg.train.grad_accum).backward()
+            with no_sync(self.parallel, sync=micro == cfg.train.grad_accum - 1):  # all-reduce once per step
+                with self.autocast():
+                    logits = self.forward(batch[:, :-1])
+                loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+                if not torch.isfinite(loss):
+                    raise TrainingDiverged(
+                        f"loss is {loss.item()} at step {self.step + 1} (micro-batch {micro}); "
+                        "lower optim.lr, keep optim.grad_clip on, or use train.dtype=fp32"
+                    )
+                (loss / cfg.train.grad_accum).backward()  # the strategy averages the gradients over the workers
             total += loss.item() / cfg.train.grad_accum
+        total = mean_across(total, self.world)
         if cfg.optim.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+            torch.nn.utils.clip_grad_norm_(self.parallel.parameters(), cfg.optim.grad_clip)
+        self.train_optimizer.step()
+        self.train_optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.losses.append(total)
         return lr
 
+    def sync(self, with_optimizer: bool) -> None:
+        """Bring rank 0's model (and optimizer) up to the current step from a sharding strategy's shards: a
+        collective, so every worker calls it at the same steps (a no-op when nothing is sharded or when done)."""
+        step, had_optimizer = self.synced
+        if not self.shards or (step == self.step and (had_optimizer or not with_optimizer)):
+            return
+        gather_to_main(self.parallel, self.train_optimizer, self.model, self.optimizer if with_optimizer else None,
+                       self.world)
+        self.synced = (self.step, with_optimizer)
+
     def emit(self, metrics: dict[str, float]) -> None:
-        """Record and report metrics computed at the current step (each name once per step)."""
+        """Record and report metrics computed at the current step (each name once per step); rank 0 only."""
         metrics = {k: v for k, v in metrics.items() if k not in self.step_metrics}
-        if not metrics:
+        if not metrics or not self.world.main:
             return
         append_metrics(self.metrics_file, self.step, metrics)
         self.step_metrics.update(metrics)
         self.reporter.log(self.step, metrics)
 
     def checkpoint(self) -> None:
-        """Save a checkpoint of the current step; the reporter sees only the metrics computed at this step."""
+        """Save a checkpoint of the current step (rank 0 only: it holds the whole model and optimizer state);
+        the reporter sees only the metrics computed at this step."""
+        self.sync(with_optimizer=True)
+        if not self.world.main:
+            return
         state = {"losses": self.losses, "config_hash": self.chash}
         self.last_ckpt = save_checkpoint(self.ckpt_root, self.step, self.model, self.optimizer, state,
                                          self.cfg.train.keep_last)
@@ -251,24 +303,29 @@ class _Run:
                                    self.data.bytes_per_token, self.autocast, extrapolate)
 
 
-def train(cfg: RunConfig, reporter: Reporter | None = None) -> TrainResult:
-    """Train one model as configured, resuming from the reporter's or the run's latest checkpoint."""
+def train(cfg: RunConfig, reporter: Reporter | None = None, strategy: str = "ddp") -> TrainResult:
+    """Train one model as configured, resuming from the reporter's or the run's latest checkpoint.
+
+    In a torch.distributed world of W > 1 processes every process calls this with the same config; the model
+    is wrapped by `strategy` (a key of `trainer.distributed.STRATEGIES`), and only rank 0's reporter is
+    used. Every worker returns its TrainResult; rank 0's holds the final metrics."""
     validate_config(cfg)
-    reporter = reporter or Reporter()
+    reporter = (reporter or Reporter()) if current_world().main else Reporter()
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     try:
-        return _train(cfg, reporter)
+        return _train(cfg, reporter, strategy)
     except BaseException as err:
         status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
         reporter.finish(status, f"{type(err).__name__}: {err}")
         raise
 
 
-def _train(cfg: RunConfig, reporter: Reporter) -> TrainResult:
-    run = _Run(cfg, reporter)
-    claim_run_dir(run.run_dir, run.chash, cfg.name)
-    (run.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+def _train(cfg: RunConfig, reporter: Reporter, strategy: str) -> TrainResult:
+    run = _Run(cfg, reporter, strategy)
+    if run.world.main:
+        claim_run_dir(run.run_dir, run.chash, cfg.name)
+        (run.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     run.resume()
     t = cfg.train
     reporter.start(run.run_dir, {**flatten_config(cfg), "config_hash": run.chash}, t.steps, run.step)
@@ -290,17 +347,25 @@ def _train(cfg: RunConfig, reporter: Reporter) -> TrainResult:
             elapsed = time.perf_counter() - window_t
             tps = tokens_per_step * window_steps / max(elapsed, 1e-9)
             metrics = {"train_loss": float(np.mean(run.losses[-window_steps:])), "lr": lr, "tokens_per_s": tps,
-                       "mfu": tps * fpt / peak_flops(run.device, run.amp_dtype, t.peak_tflops)}
+                       "mfu": tps * fpt / (peak_flops(run.device, run.amp_dtype, t.peak_tflops) * run.world.size)}
             window_steps, window_t = 0, time.perf_counter()
         if t.eval_every and step % t.eval_every == 0 and step < t.steps:
-            metrics.update(run.validation(extrapolate=False))
+            run.sync(with_optimizer=False)
+            if run.world.main:
+                metrics.update(run.validation(extrapolate=False))
         run.emit(metrics)
         out_of_time = t.max_time_s > 0 and time.perf_counter() - t_start > t.max_time_s
+        if t.max_time_s > 0:
+            out_of_time = broadcast_from_main(out_of_time, run.world)  # every worker stops at rank 0's step
         if (t.ckpt_every and step % t.ckpt_every == 0 and step < t.steps) or out_of_time:
             run.checkpoint()
         if out_of_time:
             stop_reason = "max_time"
             break
+    run.sync(with_optimizer=True)  # the final checkpoint's state, on rank 0
+    if not run.world.main:  # rank 0 alone evaluates and writes the final checkpoint and result
+        return TrainResult(run.run_dir, run.chash, run.step, run.losses, {}, None, resumed_from=run.resumed_from,
+                           stop_reason=stop_reason)
     return _finish(run, stop_reason, window_steps)
 
 
@@ -312,7 +377,7 @@ def _finish(run: _Run, stop_reason: str, window_steps: int) -> TrainResult:
         final["train_loss"] = float(np.mean(run.losses[-window_steps:]))
     if run.steps_here and "tokens_per_s" not in run.step_metrics:
         tps = cfg.train.batch_size * cfg.train.grad_accum * cfg.model.max_seq_len * run.steps_here / run.train_seconds
-        peak = peak_flops(run.device, run.amp_dtype, cfg.train.peak_tflops)
+        peak = peak_flops(run.device, run.amp_dtype, cfg.train.peak_tflops) * run.world.size  # all workers' devices
         final.update(tokens_per_s=tps, mfu=tps * flops_per_token(cfg.model, cfg.model.max_seq_len) / peak)
     artifacts: dict[str, Path] = {}
     pk = cfg.eval.passkey
@@ -338,7 +403,7 @@ def _finish(run: _Run, stop_reason: str, window_steps: int) -> TrainResult:
     result_path = run.run_dir / RESULT_FILE
     write_json_atomic(result_path, {"config_hash": run.chash, "step": run.step, "stop_reason": stop_reason,
                                     "metrics": clean, "checkpoint": str(run.last_ckpt),
-                                    "resumed_from": run.resumed_from})
+                                    "resumed_from": run.resumed_from, "workers": run.world.size})
     for kind, path in {**artifacts, "result": result_path}.items():
         reporter.artifact(path, kind)
     reporter.finish("FINISHED")

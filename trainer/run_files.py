@@ -2,7 +2,7 @@
 
     run.json        {"config_hash", "name"}: written when a run starts; a directory belongs to one configuration
     metrics.jsonl   one JSON object per report, {"step": s, metric: value, ...}; each metric at most once per step
-    result.json     the final result (config hash, step, stop reason, every final metric)
+    result.json     the final result (config hash, step, stop reason, every final metric, data-parallel workers)
     lm_eval.json    downstream benchmark results of `hdrope eval lm-eval` (flat lm_<task>_<metric> under "metrics")
 
 A resumed run cuts metrics.jsonl back to the step it resumes from, so the file always equals the

@@ -1,0 +1,106 @@
+"""Data-parallel training with real processes: 2 gloo workers (torch.multiprocessing) against one process.
+
+The 2-worker run (DDP or FSDP2) takes the same global batch as the 1-process run (each worker its half of the
+rows), so its per-step losses equal the 1-process ones to fp32 rounding; only rank 0 writes the run
+directory, and checkpoints are the single-process format: a 2-worker run resumes in one process and a
+1-process run on 2 workers, with the same losses.
+"""
+
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from trainer.batches import TrainBatches
+
+STEPS = 6
+OVERRIDES = (f"train.steps={STEPS}", "train.batch_size=8", "train.grad_accum=2", "train.log_every=3",
+             "train.eval_every=3", "train.ckpt_every=3", "train.threads=1", "eval.passkey.enabled=false",
+             "eval.extrapolation_batches=0", "dump.enabled=false")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, cfg_yaml: str, out: str, strategy: str) -> None:
+    """One gloo worker: train the config and write its losses (rank 0 also its metrics) to out/rank<r>.json."""
+    import torch.distributed as dist
+    from omegaconf import OmegaConf
+
+    from trainer.loop import train
+    from trainer.presets import merge_config
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        result = train(merge_config([OmegaConf.create(cfg_yaml)]), strategy=strategy)
+    finally:
+        dist.destroy_process_group()
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"losses": result.losses, "metrics": result.metrics,
+                                                         "checkpoint": str(result.checkpoint),
+                                                         "resumed_from": result.resumed_from}))
+
+
+def _train_workers(cfg, world: int, out: Path, strategy: str = "ddp") -> dict:
+    """Train cfg on `world` gloo processes under `strategy`; rank 0's losses, metrics and checkpoint."""
+    from omegaconf import OmegaConf
+
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_yaml = OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    mp.start_processes(_worker, args=(world, _free_port(), cfg_yaml, str(out), strategy), nprocs=world,
+                       start_method="spawn")
+    return json.loads((out / "rank0.json").read_text())
+
+
+def test_batches_split_the_global_batch_by_rank():
+    tokens = torch.arange(5000).numpy()
+    whole = TrainBatches(tokens, 16, 8, seed=3).get(5, 1)
+    parts = [TrainBatches(tokens, 16, 8, seed=3, rank=r, world_size=4).get(5, 1) for r in range(4)]
+    assert torch.equal(torch.cat(parts), whole)
+
+
+def test_batch_that_does_not_split_over_the_workers_is_refused():
+    from hdrope.errors import UserError
+
+    with pytest.raises(UserError, match=r"train\.batch_size=6 does not split evenly over 4 workers"):
+        TrainBatches(torch.arange(500).numpy(), 16, 6, seed=0, rank=0, world_size=4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_gloo_workers_equal_one_process_and_resume_on_one(tiny_cfg, tmp_path, strategy):
+    from trainer.checkpoint import list_checkpoints
+    from trainer.loop import train
+    from trainer.run_files import METRICS_FILE, read_metrics
+
+    one = train(tiny_cfg(*OVERRIDES, out="one"))
+    two = _train_workers(tiny_cfg(*OVERRIDES, out="two"), 2, tmp_path / "ranks", strategy)
+    assert len(two["losses"]) == STEPS
+    assert two["losses"] == pytest.approx(one.losses, rel=1e-5)
+    assert max(abs(a - b) / abs(b) for a, b in zip(two["losses"], one.losses, strict=True)) < 1e-5
+    assert two["metrics"]["val_loss"] == pytest.approx(one.metrics["val_loss"], rel=1e-4)
+    rank1 = json.loads((tmp_path / "ranks" / "rank1.json").read_text())
+    assert rank1["losses"] == two["losses"] and rank1["metrics"] == {}  # the mean loss on every worker; no eval
+    run = tmp_path / "two"
+    assert json.loads((run / "result.json").read_text())["workers"] == 2
+    records = [(r["step"], sorted(r)) for r in read_metrics(run / METRICS_FILE)]
+    assert records == [(r["step"], sorted(r)) for r in read_metrics(tmp_path / "one" / METRICS_FILE)]  # one writer
+    assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_00000003", "step_00000006"]
+
+    shutil.rmtree(run / "checkpoints" / "step_00000006")  # resume the 2-worker run from step 3 in one process
+    resumed = train(tiny_cfg(*OVERRIDES, out="two"))
+    assert resumed.resumed_from == 3
+    assert resumed.losses == pytest.approx(one.losses, rel=1e-5)
+
+    shutil.rmtree(tmp_path / "one" / "checkpoints" / "step_00000006")  # and a 1-process run on 2 workers
+    again = _train_workers(tiny_cfg(*OVERRIDES, out="one"), 2, tmp_path / "ranks2", strategy)
+    assert again["resumed_from"] == 3
+    assert again["losses"] == pytest.approx(one.losses, rel=1e-5)

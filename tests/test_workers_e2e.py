@@ -1,0 +1,144 @@
+"""Ray Train inside Ray Tune, end to end: a sweep whose cells each train on 2 data-parallel gloo workers on a
+2-CPU embedded Ray, tracked in MLflow, equal to the 1-process runs of the same cells (DDP); a killed worker
+(FSDP) resumes from its cell's checkpoint.
+
+All marked slow: `.ci/run` runs them; deselect locally with -m 'not slow'.
+"""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SPEC = """
+name: {name}
+base: tiny
+storage: {storage}
+overrides:
+  data.cache_dir: {cache}
+  train.steps: {steps}
+  train.batch_size: 8
+  train.threads: 1
+  train.log_every: 5
+  train.eval_every: 10
+  train.ckpt_every: {ckpt}
+  eval.passkey.enabled: false
+  eval.extrapolation_batches: 1
+  dump.enabled: false
+axes:
+  model.pe.rotation_dim: {dims}
+resources: {{workers: 2, cpus: 1, strategy: {strategy}}}
+max_failures: 2
+"""
+
+
+def write_spec(tmp_path: Path, name: str, cache: str, steps: int = 20, ckpt: int = 10, dims: str = "[2, 4]",
+               strategy: str = "ddp") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(SPEC.format(name=name, storage=tmp_path / "store", cache=cache, steps=steps, ckpt=ckpt, dims=dims,
+                                strategy=strategy))
+    return path
+
+
+def hdrope_sweep(spec: Path, cwd: Path, **kw) -> subprocess.Popen:
+    """`hdrope sweep run SPEC` with an embedded Ray (all this machine's CPUs: 2 on CI) in a temp dir of its own."""
+    from test_sweeps_e2e import ray_env
+
+    return subprocess.Popen([sys.executable, "-m", "hdrope.console", "sweep", "run", str(spec)], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ray_env(), **kw)
+
+
+def reference(spec: Path, cell_id: str, out: Path):
+    """The cell trained in this one process (no Ray, no workers)."""
+    import torch
+
+    from sweeps.runner import prepare
+    from trainer.loop import train
+
+    cfg = prepare(str(spec)).cell(cell_id).config
+    cfg.train.out_dir = str(out)
+    threads = torch.get_num_threads()
+    try:
+        return train(cfg)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_two_worker_cells_run_as_ray_train_inside_tune_with_one_mlflow_run_each(tmp_path, cache_dir):
+    from test_sweeps_e2e import cell_runs
+
+    from trainer.run_files import METRICS_FILE, read_metrics
+
+    spec = write_spec(tmp_path, "workers", cache_dir)
+    t0 = time.monotonic()
+    proc = hdrope_sweep(spec, tmp_path)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:]
+    seconds = time.monotonic() - t0
+    root = tmp_path / "store" / "workers"
+    cells = sorted(p.name for p in (root / "cells").iterdir())
+    assert cells == ["c000-rotation_dim2", "c001-rotation_dim4"]
+    train_runs = sorted(p.name for p in (root / "ray" / "train").iterdir() if p.is_dir())
+    assert [r.split("-rotation")[0] for r in train_runs] == ["c000", "c001"]  # one Ray Train run per trial
+
+    client, runs, parents = cell_runs(f"sqlite:///{root / 'mlflow.db'}", "workers")
+    assert len(parents) == 1 and len(runs) == 2  # exactly one run per cell
+    assert sorted(r.data.tags["cell_id"] for r in runs) == cells
+    for run in runs:
+        cell = run.data.tags["cell_id"]
+        assert run.info.status == "FINISHED"
+        history = {(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train_loss")}
+        local = {(r["step"], r["train_loss"]) for r in read_metrics(root / "cells" / cell / METRICS_FILE)
+                 if "train_loss" in r}
+        assert history == local and len(local) == 4  # steps 5, 10, 15, 20
+        ref = reference(spec, cell, tmp_path / f"ref-{cell}")
+        result = json.loads((root / "cells" / cell / "result.json").read_text())
+        assert result["workers"] == 2
+        for key in ("train_loss", "val_loss"):
+            assert result["metrics"][key] == pytest.approx(ref.metrics[key], rel=1e-5)
+    print(f"2-worker sweep of 2 cells x 20 steps: {seconds:.0f} s")
+
+
+def _rank_workers(driver_pid: int) -> list[psutil.Process]:
+    """This test's Ray Train worker processes (never another Ray's on the machine)."""
+    found = []
+    for p in psutil.Process(driver_pid).children(recursive=True):
+        try:
+            text = " ".join(p.cmdline()) + " " + p.name()
+        except psutil.Error:
+            continue
+        if "RayTrainWorker" in text:
+            found.append(p)
+    return found
+
+
+def test_a_killed_fsdp_worker_resumes_its_cell_from_the_checkpoint(tmp_path, cache_dir):
+    from test_sweeps_e2e import _wait_for, cell_runs
+
+    spec = write_spec(tmp_path, "wkill", cache_dir, steps=300, ckpt=20, dims="[4]", strategy="fsdp")
+    cell = "c000-rotation_dim4"
+    cell_dir = tmp_path / "store" / "wkill" / "cells" / cell
+    proc = hdrope_sweep(spec, tmp_path)
+    try:
+        _wait_for(lambda: (cell_dir / "checkpoints" / "step_00000040").is_dir(), 300, "a checkpoint at step 40")
+        workers = _rank_workers(proc.pid)
+        assert len(workers) == 2, workers
+        workers[-1].send_signal(signal.SIGKILL)  # one worker of the two
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    result = json.loads((cell_dir / "result.json").read_text())
+    assert result["resumed_from"] is not None and result["resumed_from"] >= 40  # restarted from a checkpoint
+    ref = reference(spec, cell, tmp_path / "ref")
+    for key in ("train_loss", "val_loss"):
+        assert result["metrics"][key] == pytest.approx(ref.metrics[key], rel=1e-5)
+    _, runs, _ = cell_runs(f"sqlite:///{tmp_path / 'store' / 'wkill' / 'mlflow.db'}", "wkill")
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"

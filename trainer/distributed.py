@@ -1,0 +1,170 @@
+"""Data-parallel training across W processes: the world (rank, size, device) and the strategies' registry.
+
+A run is the same function of (seed, step) for any W: every worker trains on its disjoint rows of the
+step's global batch (`trainer.batches.TrainBatches`), gradients are averaged across the workers by the
+strategy's wrapper, and only rank 0 writes files and talks to the reporter. Checkpoints keep the
+single-process format, so a run resumes on any W. The trainer never starts a process group: Ray Train
+(`sweeps.trainable`) or a test does, and `current_world` reads it.
+
+Strategies: `ddp` wraps the model itself (a whole replica per worker: rank 0's model is the run's model).
+`fsdp` (FSDP2, `torch.distributed.fsdp.fully_shard`) trains a sharded copy; the plain model and its
+optimizer on rank 0 are then the run's evaluation and checkpoint copy, filled from the shards
+(`gather_to_main`, a collective) before each evaluation and checkpoint, and the shards are filled from
+them on resume (`load_from_main`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hdrope.errors import UserError
+
+__all__ = ["STRATEGIES", "Strategy", "World", "broadcast_from_main", "current_world", "gather_to_main",
+           "load_from_main", "main_first", "mean_across", "no_sync", "wrap_model"]
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place among the workers of one run."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0  # index among the workers on this machine (picks the CUDA device)
+
+    @property
+    def main(self) -> bool:
+        """Whether this is rank 0, the only writer of files and the only caller of the reporter."""
+        return self.rank == 0
+
+
+def current_world() -> World:
+    """The process group torch.distributed was initialised with, or a world of one."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return World()
+    return World(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """How W workers train one model: `wrap` returns the module the workers train; `shards` says whether it
+    holds its own (sharded) copy of the parameters, so that rank 0's plain model must be gathered from it."""
+
+    wrap: Callable[[nn.Module, torch.device], nn.Module]
+    shards: bool = False
+
+
+def _ddp(model: nn.Module, device: torch.device) -> nn.Module:
+    """DistributedDataParallel: a whole replica per worker, gradients all-reduced (averaged) in backward."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+
+
+def _fsdp(model: nn.Module, device: torch.device) -> nn.Module:
+    """FSDP2 on a copy of the model: each transformer block (`model.layers`, when it has them) and the rest
+    sharded over the workers; gradients reduce-scattered (averaged)."""
+    import copy
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    sharded = copy.deepcopy(model)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for block in getattr(sharded, "layers", []):
+        fully_shard(block, mesh=mesh)
+    return fully_shard(sharded, mesh=mesh)
+
+
+# strategy name -> Strategy; the sweep spec's `resources.strategy` is checked against these keys.
+STRATEGIES: dict[str, Strategy] = {"ddp": Strategy(_ddp), "fsdp": Strategy(_fsdp, shards=True)}
+
+
+def wrap_model(model: nn.Module, strategy: str, device: torch.device) -> nn.Module:
+    """The module the workers train for `model` under `strategy` (a key of STRATEGIES)."""
+    if strategy not in STRATEGIES:
+        raise UserError(f"strategy={strategy!r} is not a data-parallel strategy; choose one of {sorted(STRATEGIES)}")
+    return STRATEGIES[strategy].wrap(model, device)
+
+
+def _full(**kw: bool):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **kw)
+
+
+def gather_to_main(trained: nn.Module, trained_opt: torch.optim.Optimizer | None, model: nn.Module,
+                   optimizer: torch.optim.Optimizer | None, world: World) -> None:
+    """Fill rank 0's plain `model` (and `optimizer`, when given) from the sharded module the workers train
+    (and its optimizer). A collective: every worker calls it at the same step."""
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    weights = get_model_state_dict(trained, options=_full(cpu_offload=True))
+    state = None
+    if optimizer is not None and trained_opt is not None:
+        state = get_optimizer_state_dict(trained, trained_opt, options=_full(cpu_offload=True))
+    if world.main:
+        model.load_state_dict(weights)
+        if state is not None:
+            set_optimizer_state_dict(model, optimizer, state, options=_full())
+
+
+def load_from_main(trained: nn.Module, trained_opt: torch.optim.Optimizer, model: nn.Module,
+                   optimizer: torch.optim.Optimizer) -> None:
+    """Fill the sharded module and its optimizer from the plain `model` and `optimizer` every worker loaded
+    (a resumed checkpoint)."""
+    from torch.distributed.checkpoint.state_dict import (
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    set_model_state_dict(trained, model.state_dict(), options=_full())
+    set_optimizer_state_dict(trained, trained_opt, get_optimizer_state_dict(model, optimizer, options=_full()),
+                             options=_full())
+
+
+def no_sync(wrapped: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
+    """Skip the gradient all-reduce of a micro-batch that is not the step's last (when the wrapper allows it)."""
+    if sync or not hasattr(wrapped, "no_sync"):
+        return contextlib.nullcontext()
+    return wrapped.no_sync()
+
+
+def mean_across(value: float, world: World) -> float:
+    """The mean of `value` over the world's workers (float64 all-reduce); the value itself in a world of one."""
+    if world.size == 1:
+        return value
+    total = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(total)
+    return float(total.item()) / world.size
+
+
+def broadcast_from_main(obj: Any, world: World) -> Any:
+    """Rank 0's `obj` (picklable) on every worker."""
+    if world.size == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+@contextlib.contextmanager
+def main_first(world: World) -> Iterator[None]:
+    """Rank 0 runs the block before the others (e.g. it fills a cache the others then read)."""
+    if world.size > 1 and not world.main:
+        dist.barrier()
+    yield
+    if world.size > 1 and world.main:
+        dist.barrier()
