@@ -2,10 +2,12 @@
 
 import itertools
 import json
+import math
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from trainer.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from trainer.config import OptimConfig, config_errors, config_hash
@@ -169,3 +171,24 @@ def test_cli_user_errors_exit_2(cache_dir):
     cmd = [sys.executable, "-m", "hdrope.console", "train", "tiny", "model.pe.rotation_dim=5"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "model.pe.rotation_dim=5" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_training_loop_reads_the_loss_back_only_at_log_steps(tiny_cfg, monkeypatch):
+    # On a GPU each read of a device value stalls the stream; the loop keeps losses on the device and reads
+    # them back in one transfer per log step (and checkpoint and end), never per micro-step.
+    import sys
+
+    reads: list[str] = []
+    for name in ("item", "tolist", "__bool__", "__float__"):
+        orig = getattr(torch.Tensor, name)
+
+        def spy(self, *a, _orig=orig, _name=name):
+            if sys._getframe(1).f_code.co_filename.endswith("trainer/loop.py"):
+                reads.append(_name)
+            return _orig(self, *a)
+
+        monkeypatch.setattr(torch.Tensor, name, spy)
+    r = train(tiny_cfg("train.steps=12", "train.grad_accum=2", "train.log_every=6", "train.eval_every=0",
+                       "train.ckpt_every=0", *FAST))
+    assert len(r.losses) == 12 and all(math.isfinite(x) for x in r.losses)
+    assert reads == ["tolist", "tolist"]  # steps 6 and 12: one read each for 24 micro-steps

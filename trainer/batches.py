@@ -14,7 +14,7 @@ import torch
 from hdrope.errors import UserError
 from trainer.passkey.prompt import PasskeyPrompter
 
-__all__ = ["TrainBatches", "check_length", "val_windows"]
+__all__ = ["TrainBatches", "check_length", "to_device", "val_windows"]
 
 
 def check_length(tokens: np.ndarray, length: int, what: str) -> None:
@@ -69,3 +69,10 @@ def val_windows(tokens: np.ndarray, seq_len: int, count: int) -> torch.Tensor:
     check_length(tokens, seq_len, f"validation at length {seq_len}")
     starts = np.linspace(0, len(tokens) - n, count).astype(np.int64)
     return torch.from_numpy(np.stack([np.asarray(tokens[s : s + n], dtype=np.int64) for s in starts]))
+
+
+def to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The batch on `device`; to a GPU through pinned memory with a non-blocking copy (the host runs ahead)."""
+    if device.type != "cuda":
+        return batch.to(device)
+    return batch.pin_memory().to(device, non_blocking=True)

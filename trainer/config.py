@@ -119,7 +119,7 @@ class TrainConfig:
     keep_last: int = 3
     out_dir: str = ""  # "": runs/<name>-<config hash>, unique per configuration
     dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
-    compile: bool = False
+    compile: bool | None = None  # torch.compile the model; None: on CUDA, not on CPU (compile time > gain there)
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # 0: leave torch's default
     max_time_s: float = 0.0  # 0: no wall-clock budget

@@ -142,13 +142,14 @@ def no_sync(wrapped: nn.Module, sync: bool) -> contextlib.AbstractContextManager
     return wrapped.no_sync()
 
 
-def mean_across(value: float, world: World) -> float:
-    """The mean of `value` over the world's workers (float64 all-reduce); the value itself in a world of one."""
+def mean_across(value: torch.Tensor, world: World) -> torch.Tensor:
+    """The mean of a scalar tensor over the world's workers, all-reduced where it lives (gloo on CPU, NCCL on
+    CUDA; nothing is read back to the host); the value itself in a world of one."""
     if world.size == 1:
         return value
-    total = torch.tensor([value], dtype=torch.float64)
+    total = value.detach().clone()
     dist.all_reduce(total)
-    return float(total.item()) / world.size
+    return total / world.size
 
 
 def broadcast_from_main(obj: Any, world: World) -> Any:

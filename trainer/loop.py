@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 
 from hdrope.errors import UserError
 from trainer.attention_dump import DumpIds, check_budget, dump_attention, identity_arrays
-from trainer.batches import TrainBatches, check_length, val_windows
+from trainer.batches import TrainBatches, check_length, to_device, val_windows
 from trainer.checkpoint import latest_checkpoint, load_checkpoint, read_state, save_checkpoint
 from trainer.config import RunConfig, config_hash, flatten_config, validate_config
 from trainer.corpus import load_corpus
@@ -197,12 +197,14 @@ class _Run:
         self.shards = self.world.size > 1 and STRATEGIES[strategy].shards  # trains a sharded copy of self.model
         self.train_optimizer = build_optimizer(self.parallel, cfg.optim) if self.shards else self.optimizer
         self.synced = (0, True)  # (step, with optimizer) self.model last received the shards' state
-        self.forward = torch.compile(self.parallel) if cfg.train.compile else self.parallel
+        compile_model = cfg.train.compile if cfg.train.compile is not None else self.device.type == "cuda"
+        self.forward = torch.compile(self.parallel) if compile_model else self.parallel
         prompter = self.data.prompter if cfg.data.passkey_ratio > 0 else None
         self.batches = TrainBatches(self.data.tokens.train, cfg.model.max_seq_len, cfg.train.batch_size,
                                     cfg.train.seed, prompter, cfg.data.passkey_ratio, self.world.rank,
                                     self.world.size)
-        self.losses: list[float] = []
+        self.losses: list[float] = []  # per-step training loss, settled (read back from the device)
+        self.pending: list[torch.Tensor] = []  # losses of the steps since, still on the device
         self.step = 0
         self.train_seconds, self.steps_here = 0.0, 0  # pure training time and steps in this process
         self.resumed_from: int | None = None
@@ -245,28 +247,37 @@ class _Run:
         lr = lr_at(self.step, cfg.optim, cfg.train.steps)
         for group in self.train_optimizer.param_groups:
             group["lr"] = lr
-        total = 0.0
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
         for micro in range(cfg.train.grad_accum):
-            batch = self.batches.get(self.step, micro).to(self.device)
+            batch = to_device(self.batches.get(self.step, micro), self.device)
             with no_sync(self.parallel, sync=micro == cfg.train.grad_accum - 1):  # all-reduce once per step
                 with self.autocast():
                     logits = self.forward(batch[:, :-1])
                 loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
-                if not torch.isfinite(loss):
-                    raise TrainingDiverged(
-                        f"loss is {loss.item()} at step {self.step + 1} (micro-batch {micro}); "
-                        "lower optim.lr, keep optim.grad_clip on, or use train.dtype=fp32"
-                    )
                 (loss / cfg.train.grad_accum).backward()  # the strategy averages the gradients over the workers
-            total += loss.item() / cfg.train.grad_accum
-        total = mean_across(total, self.world)
+            total += loss.detach().double() / cfg.train.grad_accum  # stays on the device: no sync per micro-step
+        self.pending.append(mean_across(total, self.world))
         if cfg.optim.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.parallel.parameters(), cfg.optim.grad_clip)
         self.train_optimizer.step()
         self.train_optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        self.losses.append(total)
         return lr
+
+    def settle(self) -> None:
+        """Read the pending losses back from the device in one transfer (at log steps, checkpoints and the end);
+        TrainingDiverged names the first step whose loss is not finite."""
+        if not self.pending:
+            return
+        values = torch.stack(self.pending).tolist()
+        self.pending = []
+        for i, value in enumerate(values):
+            if not math.isfinite(value):
+                raise TrainingDiverged(
+                    f"loss is {value} at step {len(self.losses) + i + 1} (found at step {self.step}); "
+                    "lower optim.lr, keep optim.grad_clip on, or use train.dtype=fp32"
+                )
+        self.losses.extend(values)
 
     def sync(self, with_optimizer: bool) -> None:
         """Bring rank 0's model (and optimizer) up to the current step from a sharding strategy's shards: a
@@ -293,6 +304,7 @@ class _Run:
         self.sync(with_optimizer=True)
         if not self.world.main:
             return
+        self.settle()
         state = {"losses": self.losses, "config_hash": self.chash}
         self.last_ckpt = save_checkpoint(self.ckpt_root, self.step, self.model, self.optimizer, state,
                                          self.cfg.train.keep_last)
@@ -344,6 +356,7 @@ def _train(cfg: RunConfig, reporter: Reporter, strategy: str) -> TrainResult:
         step = run.step
         metrics: dict[str, float] = {}
         if (t.log_every and step % t.log_every == 0) or step == t.steps:
+            run.settle()
             elapsed = time.perf_counter() - window_t
             tps = tokens_per_step * window_steps / max(elapsed, 1e-9)
             metrics = {"train_loss": float(np.mean(run.losses[-window_steps:])), "lr": lr, "tokens_per_s": tps,
@@ -362,6 +375,7 @@ def _train(cfg: RunConfig, reporter: Reporter, strategy: str) -> TrainResult:
         if out_of_time:
             stop_reason = "max_time"
             break
+    run.settle()
     run.sync(with_optimizer=True)  # the final checkpoint's state, on rank 0
     if not run.world.main:  # rank 0 alone evaluates and writes the final checkpoint and result
         return TrainResult(run.run_dir, run.chash, run.step, run.losses, {}, None, resumed_from=run.resumed_from,
