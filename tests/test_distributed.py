@@ -104,3 +104,30 @@ def test_two_gloo_workers_equal_one_process_and_resume_on_one(tiny_cfg, tmp_path
     again = _train_workers(tiny_cfg(*OVERRIDES, out="one"), 2, tmp_path / "ranks2", strategy)
     assert again["resumed_from"] == 3
     assert again["losses"] == pytest.approx(one.losses, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_hdrope_train_under_torchrun_equals_one_process(tiny_cfg, tmp_path, cache_dir):
+    # The way a multi-GPU machine runs one model: torchrun starts W `hdrope train` processes, which join its
+    # process group (gloo here, NCCL on CUDA); rank 0 alone prints the result.
+    import subprocess
+    import sys
+
+    from trainer.loop import train
+
+    one = train(tiny_cfg(*OVERRIDES, out="one"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "hdrope.console", "train", "tiny", *OVERRIDES, f"train.out_dir={tmp_path / 'two'}",
+           f"data.cache_dir={cache_dir}", "--no-progress"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = json.loads(proc.stdout[proc.stdout.index("{"):])  # one JSON result, from rank 0
+    assert printed["step"] == STEPS
+    assert printed["metrics"]["val_loss"] == pytest.approx(one.metrics["val_loss"], rel=1e-4)
+    result = json.loads((tmp_path / "two" / "result.json").read_text())
+    assert result["workers"] == 2
+    from trainer.run_files import METRICS_FILE, read_metrics
+
+    two_losses = [r["train_loss"] for r in read_metrics(tmp_path / "two" / METRICS_FILE) if "train_loss" in r]
+    one_losses = [r["train_loss"] for r in read_metrics(tmp_path / "one" / METRICS_FILE) if "train_loss" in r]
+    assert two_losses == pytest.approx(one_losses, rel=1e-5) and len(two_losses) == 2

@@ -29,16 +29,15 @@ overrides:
   train.batch_size: {batch}
   train.threads: 1
   train.log_every: 5
-  train.eval_every: 0
+  train.eval_every: {eval_every}
   train.ckpt_every: {ckpt}
   eval.passkey.enabled: false
   eval.extrapolation_batches: 1
-  dump.enabled: true
-  dump.samples: 1
+  dump.enabled: {dump}
+  dump.samples: 1{extra}
 axes:
-  model.pe.rotation_dim: {dims}
-  model.pe.basis: {bases}
-resources: {{cpus: 1}}
+  model.pe.rotation_dim: {dims}{basis_axis}
+resources: {resources}
 max_concurrent: {concurrent}
 max_failures: 2
 """
@@ -51,10 +50,14 @@ def free_port() -> int:
 
 
 def write_spec(tmp_path, name, uri="", steps=20, batch=8, ckpt=10, dims="[2, 4]", bases="[identity, paley]",
-               concurrent=0) -> Path:
+               concurrent=0, eval_every=0, dump=True, resources="{cpus: 1}", extra=None) -> Path:
+    """A tiny sweep spec under tmp_path; bases=None leaves out the basis axis, `extra` adds overrides."""
     path = tmp_path / f"{name}.yaml"
+    basis_axis = f"\n  model.pe.basis: {bases}" if bases else ""
+    lines = "".join(f"\n  {k}: {v}" for k, v in (extra or {}).items())
     path.write_text(SPEC.format(name=name, storage=tmp_path / "store", uri=uri, steps=steps, batch=batch, ckpt=ckpt,
-                                dims=dims, bases=bases, concurrent=concurrent))
+                                dims=dims, basis_axis=basis_axis, concurrent=concurrent, eval_every=eval_every,
+                                dump=str(dump).lower(), resources=resources, extra=lines))
     return path
 
 
@@ -172,15 +175,15 @@ def test_ui_serves_a_sweep_store_on_localhost(tmp_path):
         proc.kill()
 
 
-def _trial_workers(driver_pid: int) -> list[psutil.Process]:
-    """The trial workers of this test's sweep driver (never another Ray's on the machine)."""
+def _trial_workers(driver_pid: int, markers: tuple[str, ...] = ("run_trial", "ImplicitFunc")) -> list[psutil.Process]:
+    """The trial workers (processes named by a marker) of this test's sweep driver, never another Ray's."""
     found = []
     for p in psutil.Process(driver_pid).children(recursive=True):
         try:
             text = " ".join(p.cmdline()) + " " + p.name()
         except psutil.Error:
             continue
-        if "run_trial" in text or "ImplicitFunc" in text:
+        if any(m in text for m in markers):
             found.append(p)
     return found
 

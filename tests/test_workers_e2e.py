@@ -12,39 +12,17 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 pytestmark = pytest.mark.slow
 
-SPEC = """
-name: {name}
-base: tiny
-storage: {storage}
-overrides:
-  data.cache_dir: {cache}
-  train.steps: {steps}
-  train.batch_size: 8
-  train.threads: 1
-  train.log_every: 5
-  train.eval_every: 10
-  train.ckpt_every: {ckpt}
-  eval.passkey.enabled: false
-  eval.extrapolation_batches: 1
-  dump.enabled: false
-axes:
-  model.pe.rotation_dim: {dims}
-resources: {{workers: 2, cpus: 1, strategy: {strategy}}}
-max_failures: 2
-"""
-
-
 def write_spec(tmp_path: Path, name: str, cache: str, steps: int = 20, ckpt: int = 10, dims: str = "[2, 4]",
                strategy: str = "ddp") -> Path:
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(SPEC.format(name=name, storage=tmp_path / "store", cache=cache, steps=steps, ckpt=ckpt, dims=dims,
-                                strategy=strategy))
-    return path
+    """test_sweeps_e2e's tiny spec with 2 Ray Train workers per cell (rotation dim axis only)."""
+    from test_sweeps_e2e import write_spec as tiny_spec
+
+    return tiny_spec(tmp_path, name, steps=steps, ckpt=ckpt, dims=dims, bases=None, eval_every=10, dump=False,
+                     resources=f"{{workers: 2, cpus: 1, strategy: {strategy}}}", extra={"data.cache_dir": cache})
 
 
 def hdrope_sweep(spec: Path, cwd: Path, **kw) -> subprocess.Popen:
@@ -106,21 +84,8 @@ def test_two_worker_cells_run_as_ray_train_inside_tune_with_one_mlflow_run_each(
     print(f"2-worker sweep of 2 cells x 20 steps: {seconds:.0f} s")
 
 
-def _rank_workers(driver_pid: int) -> list[psutil.Process]:
-    """This test's Ray Train worker processes (never another Ray's on the machine)."""
-    found = []
-    for p in psutil.Process(driver_pid).children(recursive=True):
-        try:
-            text = " ".join(p.cmdline()) + " " + p.name()
-        except psutil.Error:
-            continue
-        if "RayTrainWorker" in text:
-            found.append(p)
-    return found
-
-
 def test_a_killed_fsdp_worker_resumes_its_cell_from_the_checkpoint(tmp_path, cache_dir):
-    from test_sweeps_e2e import _wait_for, cell_runs
+    from test_sweeps_e2e import _trial_workers, _wait_for, cell_runs
 
     spec = write_spec(tmp_path, "wkill", cache_dir, steps=300, ckpt=20, dims="[4]", strategy="fsdp")
     cell = "c000-rotation_dim4"
@@ -128,7 +93,7 @@ def test_a_killed_fsdp_worker_resumes_its_cell_from_the_checkpoint(tmp_path, cac
     proc = hdrope_sweep(spec, tmp_path)
     try:
         _wait_for(lambda: (cell_dir / "checkpoints" / "step_00000040").is_dir(), 300, "a checkpoint at step 40")
-        workers = _rank_workers(proc.pid)
+        workers = _trial_workers(proc.pid, ("RayTrainWorker",))  # this test's Ray Train workers
         assert len(workers) == 2, workers
         workers[-1].send_signal(signal.SIGKILL)  # one worker of the two
         out, _ = proc.communicate(timeout=600)

@@ -1,11 +1,18 @@
-"""`hdrope train CONFIG [key=value ...]`: one local training run with a progress bar, optionally logged to MLflow."""
+"""`hdrope train CONFIG [key=value ...]`: one local training run with a progress bar, optionally logged to MLflow.
+
+Under `torchrun --nproc-per-node W -m hdrope.console train …` (WORLD_SIZE > 1 in the environment) the W
+processes train one run data-parallel (`--strategy`, DDP by default): gloo on CPU, NCCL on CUDA; rank 0
+alone shows progress, logs to MLflow and prints the result.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 
 __all__ = ["train_main"]
 
@@ -19,26 +26,52 @@ def train_main(argv: list[str]) -> int:
                    help="MLflow tracking URI (default $MLFLOW_TRACKING_URI; unset: no MLflow)")
     p.add_argument("--experiment", default="hdrope-train", help="MLflow experiment name")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--strategy", default="ddp", help="data-parallel strategy under torchrun: ddp or fsdp")
     args = p.parse_intermixed_args(argv)  # flags may come before, between or after the overrides
 
+    from hdrope.errors import UserError
     from trainer.config import config_hash
+    from trainer.distributed import STRATEGIES
     from trainer.loop import TrainingDiverged, train
     from trainer.presets import load_config
     from trainer.reporting import MLflowReporter, ProgressReporter, Reporters, check_tracking_uri
 
+    if args.strategy not in STRATEGIES:
+        raise UserError(f"--strategy {args.strategy!r}: choose one of {', '.join(sorted(STRATEGIES))}")
     if args.tracking_uri:
         check_tracking_uri(args.tracking_uri)
     cfg = load_config(args.config, args.overrides)
-    reporters = [] if args.no_progress else [ProgressReporter()]
-    if args.tracking_uri:
-        tags = {"config_hash": config_hash(cfg), "preset": args.config}
-        reporters.append(MLflowReporter(args.tracking_uri, args.experiment, cfg.name, tags))
-    try:
-        result = train(cfg, Reporters(*reporters))
-    except TrainingDiverged as err:
-        print(f"hdrope train: {err}", file=sys.stderr)
-        return 1
+    with _torchrun_group(cfg.train.device) as rank:
+        reporters = [] if args.no_progress or rank else [ProgressReporter()]
+        if args.tracking_uri and not rank:
+            tags = {"config_hash": config_hash(cfg), "preset": args.config}
+            reporters.append(MLflowReporter(args.tracking_uri, args.experiment, cfg.name, tags))
+        try:
+            result = train(cfg, Reporters(*reporters), strategy=args.strategy)
+        except TrainingDiverged as err:
+            print(f"hdrope train: {err}", file=sys.stderr)
+            return 1
+    if rank:
+        return 0
     shown = {k: round(v, 4) for k, v in result.metrics.items()}
     print(json.dumps({"run_dir": str(result.run_dir), "step": result.step, "stop_reason": result.stop_reason,
                       "metrics": shown}, indent=1))
     return 0
+
+
+@contextlib.contextmanager
+def _torchrun_group(device: str) -> Iterator[int]:
+    """This process's rank in the process group torchrun describes (WORLD_SIZE > 1), set up for the run and
+    torn down after it; rank 0 with no group outside torchrun."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        yield 0
+        return
+    import torch
+    import torch.distributed as dist
+
+    cuda = device != "cpu" and torch.cuda.is_available()
+    dist.init_process_group(backend="nccl" if cuda else "gloo")
+    try:
+        yield dist.get_rank()
+    finally:
+        dist.destroy_process_group()
