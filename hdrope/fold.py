@@ -22,7 +22,8 @@ __all__ = ["fold_matrix", "identity_twin"]
 
 def identity_twin(rot: HDRotary) -> HDRotary:
     """The identity-basis encoding with rot's head_dim, rotation dim, θ and scaling."""
-    return HDRotary(rot.head_dim, rot.rotation_dim, rot.theta, basis="identity", scaling=rot.scaling)  # already filled
+    # rot.scaling is already validated, with the keys HF takes from the model filled in
+    return HDRotary(rot.head_dim, rot.rotation_dim, rot.theta, basis="identity", scaling=rot.scaling)
 
 
 def _adapted_frame(k: np.ndarray) -> np.ndarray:

@@ -66,8 +66,9 @@ class HDRotary(nn.Module):
         self.basis, self.seed = basis, int(seed)
         self.fused: bool | None = None if fused is None else bool(fused)
         self.block_generator: np.ndarray = basis_generator(basis, rotation_dim, seed)
-        self._plans = {f: plan_mixing(self.block_generator, self.layout, impl, f) for f in (False, True)}
-        self.plan: MixPlan = self._plans[bool(fused)]  # the plan on CPU (where None means eager)
+        self._impl = impl
+        self.plan: MixPlan = plan_mixing(self.block_generator, self.layout, impl, bool(fused))  # CPU: None is eager
+        self._plans: dict[bool, MixPlan] = {bool(fused): self.plan}
         self.scaling = validate_scaling(scaling, max_position, float(theta))
         self._exponents = self.layout.exponents()
         self._base_freqs = self.theta ** (-self._exponents)
@@ -124,6 +125,8 @@ class HDRotary(nn.Module):
         key = (str(device), dtype)
         if key not in self._kernels:
             fused = fused_by_default(device) if self.fused is None else self.fused
+            if fused not in self._plans:  # fused=None on a device that compiles
+                self._plans[fused] = plan_mixing(self.block_generator, self.layout, self._impl, fused)
             p = self._plans[fused]
             as_t = lambda a: None if a is None else torch.as_tensor(a, device=device)  # noqa: E731
             self._kernels[key] = make_kernel(

@@ -121,12 +121,17 @@ SCALING_TYPES: dict[str, _Spec] = {
 }
 # Keys HF fills from the model config when a rope_parameters dict leaves them out: given the model's
 # max length (`max_position`), these are filled the same way instead of being required.
+def _lengths(p: dict[str, Any], m: int) -> dict[str, Any]:
+    """yarn / longrope: the original length defaults to the model's; the factor is their ratio (Phi-3 style)."""
+    orig = m if p.get(_ORIG) is None else p[_ORIG]
+    return {_ORIG: orig, "factor": m / orig}
+
+
 _FROM_MODEL: dict[str, Callable[[dict[str, Any], int], dict[str, Any]]] = {
     "dynamic": lambda p, m: {_ORIG: m},  # HF's dynamic NTK grows past max_position_embeddings
-    "yarn": lambda p, m: {_ORIG: m} if _ORIG not in p else {"factor": m / p[_ORIG]} if "factor" not in p else {},
-    "longrope": lambda p, m: {_ORIG: m} if _ORIG not in p else {},
+    "yarn": _lengths,
+    "longrope": _lengths,  # so the attention factor follows from the two lengths, as in HF
 }
-_MODEL_KEYS = ("rope_theta", "partial_rotary_factor")  # rope_parameters keys that belong to the model, not scaling
 
 _NUMBER_KEYS = {
     "factor": 1.0,
@@ -177,11 +182,8 @@ def validate_scaling(scaling: Mapping[str, Any] | None, max_position: int | None
     if kind not in SCALING_TYPES:
         raise UserError(f"rope_scaling.rope_type={kind!r} is unknown; choose one of {sorted(SCALING_TYPES)}")
     spec = SCALING_TYPES[kind]
-    if max_position is not None and kind in _FROM_MODEL:
-        for _ in range(2):  # yarn: first the original length, then the factor from it
-            p.update({k: v for k, v in _FROM_MODEL[kind](p, int(max_position)).items() if p.get(k) is None})
-    if kind == "longrope" and p.get("factor") is None and max_position is not None:
-        p["factor"] = max_position / p[_ORIG]  # Phi-3: factor (and so the attention factor) from the two lengths
+    if max_position is not None and kind in _FROM_MODEL:  # only what the dict leaves out (or null)
+        p.update({k: v for k, v in _FROM_MODEL[kind](p, int(max_position)).items() if p.get(k) is None})
     missing = [k for k in spec.required if p.get(k) is None]
     if missing:
         raise UserError(f"rope_scaling ({kind}) is missing required key(s) {missing}")

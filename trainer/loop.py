@@ -301,10 +301,10 @@ class _Run:
     def checkpoint(self) -> None:
         """Save a checkpoint of the current step (rank 0 only: it holds the whole model and optimizer state);
         the reporter sees only the metrics computed at this step."""
+        self.settle()  # every worker: the losses are the same on all, so all stop together on a bad one
         self.sync(with_optimizer=True)
         if not self.world.main:
             return
-        self.settle()
         state = {"losses": self.losses, "config_hash": self.chash}
         self.last_ckpt = save_checkpoint(self.ckpt_root, self.step, self.model, self.optimizer, state,
                                          self.cfg.train.keep_last)
