@@ -1,52 +1,237 @@
-"""Summary statistics with uncertainty: seeded percentile-bootstrap confidence intervals of a mean."""
+"""Calibrated inference for few-seed studies: the seed is the unit of replication.
+
+- `compare(treatment, reference, paired=...)`: the difference of two variants' means with a confidence
+  interval and a p-value. Paired (both variants ran the same seeds, so they share data order and
+  initialisation): a Student-t interval of the mean per-seed difference and the exact sign-flip p-value
+  (every one of the 2ⁿ sign assignments) while 2ⁿ ≤ 2¹⁶, the paired t-test's beyond. Unpaired: Welch.
+- `mean_interval`: a Student-t interval of one mean; `proportion_interval`: Wilson's interval of k of n.
+- `adjust`: a family's p-values corrected by Holm (family-wise error) or Benjamini–Hochberg (FDR).
+- `detectable_difference` / `seeds_needed`: power at the measured per-seed spread (80% by default).
+
+A comparison whose design cannot reach the level at all (a sign-flip test over n ≤ 5 seeds never goes
+below 2/2ⁿ ≥ 0.0625) is flagged `testable = False`, so tables say "too few seeds to test" instead of
+drawing a mark. The maths is scipy's and statsmodels'; `tests/test_stats_calibration.py` checks the
+false-positive rate, the coverage and the paired design's power by simulation.
+"""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
+from scipy import stats as sps
 
-__all__ = ["bootstrap_ci", "contrast_ci", "excludes_zero", "mean_ci"]
+__all__ = [
+    "CORRECTIONS",
+    "EXACT_MAX_SEEDS",
+    "Comparison",
+    "Interval",
+    "adjust",
+    "compare",
+    "detectable_difference",
+    "mean_interval",
+    "min_attainable_p",
+    "proportion_interval",
+    "seeds_needed",
+    "seeds_to_reach",
+]
+
+EXACT_MAX_SEEDS = 16  # the sign-flip test enumerates all 2ⁿ assignments up to here
+CORRECTIONS = {"holm": "Holm (family-wise error)", "fdr_bh": "Benjamini–Hochberg (false discovery rate)"}
 
 
-def bootstrap_ci(values: np.ndarray, level: float = 0.95, n_boot: int = 2000, seed: int = 42) -> tuple[float, float]:
-    """Percentile bootstrap CI of the mean of values (nan, nan for fewer than 2 values)."""
-    v = np.asarray(values, dtype=np.float64)
-    v = v[np.isfinite(v)]
+def _finite(values: object) -> np.ndarray:
+    v = np.asarray(values, dtype=np.float64).ravel()
+    return v[np.isfinite(v)]
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate with its confidence interval over n units (lo = hi = nan when n cannot give one)."""
+
+    estimate: float
+    lo: float
+    hi: float
+    n: int
+
+    @property
+    def half_width(self) -> float:
+        """(hi − lo) / 2, nan without an interval."""
+        return (self.hi - self.lo) / 2
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """treatment − reference: the difference of means, its CI, the test's p-value and how it was made."""
+
+    delta: float
+    lo: float
+    hi: float
+    p: float
+    n: int  # seeds: pairs when paired, else the smaller arm
+    paired: bool
+    method: str  # "sign-flip (exact)", "paired t", "Welch t", or "none"
+    n_treatment: int
+    n_reference: int
+    sd: float  # the per-seed spread the test sees: of the differences (paired) or pooled within arms (Welch)
+    min_p: float  # the smallest p-value this design can produce
+    level: float = 0.95
+
+    @property
+    def testable(self) -> bool:
+        """Whether this design can reach the level at all (a sign-flip over n ≤ 5 seeds cannot)."""
+        return bool(np.isfinite(self.min_p) and self.min_p <= 1 - self.level)
+
+
+def min_attainable_p(n: int, paired: bool) -> float:
+    """The smallest two-sided p-value the test `compare` uses can give with n seeds (per arm when unpaired)."""
+    if n < 2:
+        return math.nan
+    if paired and n <= EXACT_MAX_SEEDS:
+        return 2.0 / 2**n
+    return 0.0
+
+
+def seeds_to_reach(alpha: float, paired: bool) -> int:
+    """The fewest seeds (pairs, or per arm) whose test can produce a p-value at or below alpha at all."""
+    return next(n for n in range(2, 64) if min_attainable_p(n, paired) <= alpha)
+
+
+def mean_interval(values: object, level: float = 0.95) -> Interval:
+    """The mean of the finite values with its Student-t confidence interval (no interval below 2 values)."""
+    v = _finite(values)
+    if len(v) == 0:
+        return Interval(math.nan, math.nan, math.nan, 0)
+    mean = float(v.mean())
     if len(v) < 2:
-        return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    means = v[rng.integers(0, len(v), size=(n_boot, len(v)))].mean(axis=1)
-    alpha = (1 - level) / 2
-    lo, hi = np.quantile(means, [alpha, 1 - alpha])
-    return float(lo), float(hi)
+        return Interval(mean, math.nan, math.nan, 1)
+    sem = float(sps.sem(v))
+    if sem == 0:
+        return Interval(mean, mean, mean, len(v))
+    lo, hi = sps.t.interval(level, len(v) - 1, loc=mean, scale=sem)
+    return Interval(mean, float(lo), float(hi), len(v))
 
 
-def mean_ci(values: np.ndarray, level: float = 0.95, n_boot: int = 2000, seed: int = 42) -> dict[str, float]:
-    """{mean, lo, hi, n} of values."""
-    v = np.asarray(values, dtype=np.float64)
-    lo, hi = bootstrap_ci(v, level, n_boot, seed)
-    mean = float(np.nanmean(v)) if np.isfinite(v).any() else float("nan")
-    return {"mean": mean, "lo": lo, "hi": hi, "n": int(np.isfinite(v).sum())}
+def proportion_interval(k: int, n: int, level: float = 0.95) -> Interval:
+    """k successes of n trials: the proportion with Wilson's score interval."""
+    from statsmodels.stats.proportion import proportion_confint
+
+    if n <= 0:
+        return Interval(math.nan, math.nan, math.nan, 0)
+    lo, hi = proportion_confint(int(k), int(n), alpha=1 - level, method="wilson")
+    return Interval(k / n, float(lo), float(hi), int(n))
 
 
-def contrast_ci(groups: list[np.ndarray], weights: list[float], level: float = 0.95, n_boot: int = 2000,
-                seed: int = 42) -> dict[str, float]:
-    """{value, lo, hi} of Σ wᵢ·mean(groupᵢ) (e.g. a difference of means, or a difference of two gaps),
-    each group resampled independently; lo/hi are nan when a group has fewer than 2 values."""
-    vs = [np.asarray(g, dtype=np.float64) for g in groups]
-    vs = [v[np.isfinite(v)] for v in vs]
-    if any(len(v) == 0 for v in vs):
-        return {"value": float("nan"), "lo": float("nan"), "hi": float("nan")}
-    value = float(sum(w * v.mean() for w, v in zip(weights, vs, strict=True)))
-    if any(len(v) < 2 for v in vs):
-        return {"value": value, "lo": float("nan"), "hi": float("nan")}
-    rng = np.random.default_rng(seed)
-    boot = sum(w * v[rng.integers(0, len(v), size=(n_boot, len(v)))].mean(axis=1)
-               for w, v in zip(weights, vs, strict=True))
-    alpha = (1 - level) / 2
-    lo, hi = np.quantile(boot, [alpha, 1 - alpha])
-    return {"value": value, "lo": float(lo), "hi": float(hi)}
+def _sign_flip_p(d: np.ndarray) -> float:
+    if not d.any():
+        return 1.0
+    res = sps.permutation_test((d,), np.mean, permutation_type="samples", n_resamples=np.inf,
+                               alternative="two-sided", vectorized=True, axis=-1)
+    return float(min(1.0, res.pvalue))
 
 
-def excludes_zero(ci: dict[str, float]) -> bool:
-    """Whether a contrast's CI lies wholly on one side of 0 (False when there is no CI)."""
-    return bool(np.isfinite(ci["lo"]) and np.isfinite(ci["hi"]) and (ci["lo"] > 0 or ci["hi"] < 0))
+def compare(treatment: object, reference: object, *, paired: bool, level: float = 0.95) -> Comparison:
+    """treatment − reference over seeds. Paired: the two arrays are aligned by seed (a non-finite value drops
+    its pair); a t-interval of the mean difference and the exact sign-flip p-value (paired t beyond
+    EXACT_MAX_SEEDS seeds). Unpaired: Welch's t-test and interval. Too few seeds gives nan interval/p."""
+    t = np.asarray(treatment, dtype=np.float64).ravel()
+    r = np.asarray(reference, dtype=np.float64).ravel()
+    if paired:
+        if len(t) != len(r):
+            raise ValueError(f"paired comparison needs one value per seed on each side; got {len(t)} and {len(r)}")
+        keep = np.isfinite(t) & np.isfinite(r)
+        d = t[keep] - r[keep]
+        n = len(d)
+        if n == 0:
+            return Comparison(math.nan, math.nan, math.nan, math.nan, 0, True, "none", 0, 0, math.nan, math.nan,
+                              level)
+        delta = float(d.mean())
+        if n < 2:
+            return Comparison(delta, math.nan, math.nan, math.nan, 1, True, "none", 1, 1, math.nan, math.nan, level)
+        sd = float(d.std(ddof=1))
+        if sd == 0:  # every seed moved by exactly the same amount
+            lo = hi = delta
+            p = 1.0 if delta == 0 else (_sign_flip_p(d) if n <= EXACT_MAX_SEEDS else 0.0)
+        else:
+            test = sps.ttest_1samp(d, 0.0)
+            ci = test.confidence_interval(level)
+            lo, hi = float(ci.low), float(ci.high)
+            p = _sign_flip_p(d) if n <= EXACT_MAX_SEEDS else float(test.pvalue)
+        method = "sign-flip (exact)" if n <= EXACT_MAX_SEEDS else "paired t"
+        return Comparison(delta, lo, hi, p, n, True, method, n, n, sd, min_attainable_p(n, True), level)
+    t, r = _finite(t), _finite(r)
+    nt, nr = len(t), len(r)
+    if nt == 0 or nr == 0:
+        return Comparison(math.nan, math.nan, math.nan, math.nan, 0, False, "none", nt, nr, math.nan, math.nan,
+                          level)
+    delta = float(t.mean() - r.mean())
+    if nt < 2 or nr < 2:
+        return Comparison(delta, math.nan, math.nan, math.nan, min(nt, nr), False, "none", nt, nr, math.nan,
+                          math.nan, level)
+    sd = float(math.sqrt(((nt - 1) * t.var(ddof=1) + (nr - 1) * r.var(ddof=1)) / (nt + nr - 2)))
+    if t.var() == 0 and r.var() == 0:
+        lo = hi = delta
+        p = 1.0 if delta == 0 else 0.0
+    else:
+        test = sps.ttest_ind(t, r, equal_var=False)
+        ci = test.confidence_interval(level)
+        lo, hi, p = float(ci.low), float(ci.high), float(test.pvalue)
+    return Comparison(delta, lo, hi, p, min(nt, nr), False, "Welch t", nt, nr, sd, 0.0, level)
+
+
+def adjust(p_values: list[float], method: str = "holm") -> list[float]:
+    """The family's p-values adjusted by `method` (a key of CORRECTIONS); nan entries stay nan and are not counted."""
+    if method not in CORRECTIONS:
+        raise ValueError(f"correction {method!r}: choose one of {sorted(CORRECTIONS)}")
+    from statsmodels.stats.multitest import multipletests
+
+    p = np.asarray(p_values, dtype=np.float64)
+    out = np.full(len(p), math.nan)
+    ok = np.isfinite(p)
+    if ok.any():
+        out[ok] = multipletests(p[ok], method=method)[1]
+    return [float(x) for x in out]
+
+
+def _power_model(paired: bool):
+    from statsmodels.stats.power import TTestIndPower, TTestPower
+
+    return TTestPower() if paired else TTestIndPower()
+
+
+def detectable_difference(sd: float, n: int, *, paired: bool, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The smallest true difference a two-sided test at alpha detects with the given power from n seeds (per arm
+    when unpaired) at per-seed spread sd; inf when the design cannot reach alpha at all, nan without a spread."""
+    if not (np.isfinite(sd) and n >= 2):
+        return math.nan
+    if min_attainable_p(n, paired) > alpha:
+        return math.inf
+    if sd == 0:
+        return 0.0
+    if paired:
+        effect = _power_model(True).solve_power(effect_size=None, nobs=n, alpha=alpha, power=power)
+    else:
+        effect = _power_model(False).solve_power(effect_size=None, nobs1=n, ratio=1.0, alpha=alpha, power=power)
+    return float(np.asarray(effect).item() * sd)
+
+
+def seeds_needed(difference: float, sd: float, *, paired: bool, alpha: float = 0.05, power: float = 0.8,
+                 max_seeds: int = 10_000) -> int | None:
+    """The fewest seeds (pairs, or per arm when unpaired) for which `compare`'s test detects a true `difference`
+    with the given power at alpha, at per-seed spread sd; None when even max_seeds do not."""
+    if not (difference > 0 and np.isfinite(sd) and sd >= 0):
+        raise ValueError(f"need a positive difference and a finite spread; got difference={difference}, sd={sd}")
+    model = _power_model(paired)
+    for n in range(2, max_seeds + 1):
+        if min_attainable_p(n, paired) > alpha:
+            continue
+        if sd == 0:
+            return n
+        if paired:
+            got = model.power(effect_size=difference / sd, nobs=n, alpha=alpha)
+        else:
+            got = model.power(effect_size=difference / sd, nobs1=n, ratio=1.0, alpha=alpha)
+        if got >= power:
+            return n
+    return None

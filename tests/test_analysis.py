@@ -10,8 +10,8 @@ import pytest
 
 import analysis
 from analysis.load import iter_maps, load_profiles, load_stats, sweep_cells
-from analysis.rank import layerwise_rank, rank_difference
-from analysis.stats import bootstrap_ci
+from analysis.rank import layerwise_rank, per_seed, rank_difference, seed_interval
+from analysis.stats import mean_interval
 from analysis.theory import b_curve, decay_curve, first_zero, mixing_table, pair_frequencies
 
 
@@ -66,13 +66,13 @@ def test_two_d_decay_curve_is_roformers_formula():
     assert mix.set_index(["rotation_dim", "basis"]).loc[(4, "paley"), "k_nonzero"] == 12
 
 
-def test_bootstrap_ci_covers_the_true_mean_at_the_stated_rate():
+def test_mean_interval_covers_the_true_mean_at_the_stated_rate():
     rng = np.random.default_rng(0)
     hits = 0
-    for i in range(300):
+    for _ in range(300):
         sample = rng.exponential(2.0, size=40)  # true mean 2, skewed
-        lo, hi = bootstrap_ci(sample, n_boot=1000, seed=i)
-        hits += lo <= 2.0 <= hi
+        iv = mean_interval(sample)
+        hits += iv.lo <= 2.0 <= iv.hi
     assert 0.90 <= hits / 300 <= 0.98
 
 
@@ -81,11 +81,20 @@ def test_layerwise_rank_and_difference_from_a_tiny_sweep(tiny_sweep):
     assert len(cells) == 6 and all(p.is_file() for p in cells["attention_path"])
     stats = load_stats(cells["attention_path"][0])
     assert set(stats["layer"]) == {0, 1} and len(stats) == 2 * 2 * 2  # samples x layers x heads
-    lw = layerwise_rank(stats)
-    assert (lw["lo"] <= lw["mean"]).all() and (lw["mean"] <= lw["hi"]).all()
-    other = load_stats(cells["attention_path"][1])
-    diff = rank_difference(other, stats)
-    assert len(diff) == 2 and (diff["lo"] <= diff["hi"]).all()
+    lw = layerwise_rank(stats)  # one run: a description (mean and spread over heads x samples), no interval
+    assert list(lw.columns) == ["layer", "mean", "sd", "n"] and (lw["n"] == 4).all()
+    # intervals and differences are over seeds: two seeds of 2D RoPE identity vs two of 4D Paley, paired by seed
+    rope = cells[(cells["rotation_dim"] == 2)]
+    paley = cells[(cells["rotation_dim"] == 4) & (cells["basis"] == "paley")]
+    seeded = {name: per_seed(pd.concat([load_stats(p).assign(seed=s)
+                                        for p, s in zip(g["attention_path"], g["seed"], strict=True)]))
+              for name, g in (("rope", rope), ("paley", paley))}
+    assert sorted(seeded["rope"]["seed"].unique()) == [1, 2]
+    iv = seed_interval(seeded["rope"])
+    assert (iv["n"] == 2).all() and (iv["lo"] <= iv["mean"]).all() and (iv["mean"] <= iv["hi"]).all()
+    diff = rank_difference(seeded["paley"], seeded["rope"])
+    assert len(diff) == 2 and diff["paired"].all() and (diff["lo"] <= diff["hi"]).all()
+    assert not diff["testable"].any()  # 2 paired seeds: a sign-flip test cannot reach 5%
     # stored erank equals a recomputation from the stored maps
     ids, maps = next(iter_maps(cells["attention_path"][0], layers=[1], heads=[0]))
     assert set(ids["layer"]) == {1} and maps.shape == (2, 64, 64)
@@ -115,11 +124,16 @@ def test_report_from_a_sweep_writes_markdown_and_real_pngs(tiny_sweep):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     md = (tiny_sweep / "report" / "report.md").read_text()
-    assert "## Ablation tables" in md and "| 2D RoPE |" in md and "± " in md and "(n=2)" in md  # 2 seeds -> CIs
+    assert "## Outcome tables" in md and "| 2D RoPE |" in md and "± " in md and "(n=2)" in md  # 2 seeds -> CIs
     assert "polar fans" in md and "Effective attention rank" in md and "Fourier" in md
+    # 2 paired seeds cannot reach 5% with an exact sign-flip test: no mark, the table says so
+    assert " *" not in md.split("## Costs")[0] and "too few seeds to test" in md
+    assert "0/12 = 0.0% [0.0%, 24.2%]" in md  # passkey accuracy as k/n with Wilson's interval
+    costs = md.split("## Costs")[1].split("##")[0]
+    assert "tokens_per_s" in costs and "tokens_per_s" not in md.split("## Costs")[0]  # costs are tabled apart
     # every variant that trained is in every section: tables, fans, rank differences (identity included)
     for variant in ("2D RoPE", "4D identity", "4D Paley"):
-        assert f"| {variant} |" in md and f"![passkey {variant}]" in md
+        assert f"| {variant} |" in md and f"![passkey {variant}, θ=10000]" in md
     assert "4D identity − 2D RoPE" in md and "4D Paley − 2D RoPE" in md
     assert "θ takes fewer than two values" in md  # a one-θ sweep draws no metric-vs-θ dots
     pngs = sorted((tiny_sweep / "report").glob("*.png"))
@@ -165,12 +179,20 @@ def test_notebooks_run_top_to_bottom_on_a_sweep(tiny_sweep, name):
     # opened from its own folder, with the sweep named relative to the repository (as in the shipped default)
     params.source = f"sweep_dir = {os.path.relpath(tiny_sweep, REPO_ROOT)!r}"
     here = {"metadata": {"path": str(NOTEBOOKS_DIR)}}
+
+    def snapshot(folder):
+        return {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} if folder.exists() else None
+
+    before = snapshot(tiny_sweep / "report")
     NotebookClient(nb, timeout=300, kernel_name="python3", resources=here).execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     assert any(o.output_type in ("execute_result", "display_data", "stream") for o in outputs)
-    if name != "c_results_and_tables":  # the figure notebooks render inline PNGs (no forced Agg backend)
-        assert any("image/png" in o.get("data", {}) for o in outputs), "no figure rendered inline"
+    assert any("image/png" in o.get("data", {}) for o in outputs), "no figure rendered inline"
+    texts = [o.get("text", "") + str(o.get("data", {}).get("text/plain", "")) for o in outputs]
+    assert not [t for t in texts if "<matplotlib." in t], "a cell echoes a matplotlib object"
+    if name == "c_results_and_tables":  # reads the sweep, writes and logs nothing
+        assert not (tiny_sweep / "report").exists() or before == snapshot(tiny_sweep / "report")
 
 
 def test_report_is_logged_to_the_sweeps_mlflow_parent_run(tiny_sweep, tmp_path):

@@ -103,7 +103,7 @@ def test_the_report_keeps_every_variant_apart_and_in_every_figure(kind_sweep):
 
     md = build_report(kind_sweep.root).read_text()
     for label in ("RoPE", "NoPE", "4D identity", "4D Paley"):
-        assert f"| {label} |" in md and f"![passkey {label}]" in md
+        assert (f"| {label} |" in md and f"![passkey {label}, θ=" in md) or f"![passkey {label}, no θ]" in md
     assert "NoPE − RoPE" in md and "4D Paley − RoPE" in md and "4D identity − RoPE" in md
 
 

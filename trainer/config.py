@@ -20,6 +20,7 @@ from trainer.model import ModelArgs, validate_model_args
 
 __all__ = [
     "BASE_METRICS",
+    "COST_METRICS",
     "DataConfig",
     "DumpConfig",
     "EvalConfig",
@@ -38,6 +39,8 @@ __all__ = [
 
 # The metrics every run reports (train side each log_every, validation each eval_every and at the end).
 BASE_METRICS = ("train_loss", "lr", "tokens_per_s", "mfu", "val_loss", "val_bpb")
+# The metrics that measure the machine a run used, not the model it trained (reports table them apart, untested).
+COST_METRICS = ("tokens_per_s", "mfu")
 
 
 def metric_names(cfg: RunConfig) -> list[str]:

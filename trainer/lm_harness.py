@@ -92,9 +92,13 @@ class LabLM(LM):
         return out
 
 
-def flat_metrics(results: dict[str, Any]) -> dict[str, float]:
-    """lm_eval's per-task results as lm_<task>_<metric> floats (filters such as ',none' dropped, stderr kept)."""
+def flat_metrics(results: dict[str, Any], n_samples: dict[str, Any] | None = None) -> dict[str, float]:
+    """lm_eval's per-task results as lm_<task>_<metric> floats (filters such as ',none' dropped, stderr kept), plus
+    lm_<task>_n, the number of documents scored, from lm_eval's n-samples (accuracies are k of n)."""
     flat: dict[str, float] = {}
+    for task, counts in (n_samples or {}).items():
+        if isinstance(counts, dict) and isinstance(counts.get("effective"), int):
+            flat[f"lm_{task}_n".replace("-", "_")] = float(counts["effective"])
     for task, metrics in results.items():
         for key, value in metrics.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -123,7 +127,7 @@ def run_lm_eval(checkpoint: Path, tasks: list[str], include_path: str | None = N
     lm = LabLM(trained, max_length)
     out = simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit, log_samples=False,
                           bootstrap_iters=0, random_seed=42, numpy_random_seed=42, torch_random_seed=42)
-    metrics = flat_metrics(out["results"])
+    metrics = flat_metrics(out["results"], out.get("n-samples"))
     write_json_atomic(trained.run_dir / LM_EVAL_FILE, {"checkpoint": str(checkpoint), "tasks": tasks,
                                                       "limit": limit, "config_hash": trained.config_hash,
                                                       "results": out["results"], "metrics": metrics})

@@ -1,0 +1,116 @@
+"""Every variant against its RoPE reference, per metric and θ: the calibrated comparisons a report marks.
+
+For one metric the family is every (variant, θ) comparison of its table; p-values are corrected over
+that family (Holm by default). A comparison is paired by seed when both variants ran the same seeds
+(same data order and initialisation), else Welch. Each row also carries the smallest difference the
+comparison could have detected at 80% power from its own per-seed spread, and a one-line verdict.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from analysis.outcomes import seed_values
+from analysis.stats import CORRECTIONS, adjust, compare, detectable_difference, seeds_to_reach
+from analysis.variants import theta_text, variant_axes
+
+__all__ = ["COLUMNS", "comparison_table", "fmt", "is_rope", "references", "verdict"]
+
+COLUMNS = ["metric", "theta", "variant", "reference", "delta", "lo", "hi", "p", "p_adj", "n", "paired", "method",
+           "testable", "significant", "mde", "family", "correction", "level"]
+
+
+def is_rope(cells: pd.DataFrame) -> pd.Series:
+    """Cells that are RoPE itself: kind rope, or hdrope at N = 2 (any basis: NOTES §1)."""
+    return (cells["rotation_dim"] == 2) & cells["pe_kind"].isin(["rope", "hdrope"])
+
+
+def references(cells: pd.DataFrame) -> dict[str, str]:
+    """variant -> the RoPE variant with the same other axes, which the tables test it against."""
+    axes = variant_axes(cells)
+    refs: dict[str, str] = {}
+    for _, g in cells.groupby(axes, dropna=False) if axes else [(None, cells)]:
+        rope = g[is_rope(g)].sort_values("variant_rank")
+        if not rope.empty:
+            ref = rope["variant"].iloc[0]
+            refs.update({v: ref for v in g["variant"].unique() if v != ref})
+    return refs
+
+
+def _arms(values: pd.DataFrame, variant: str, reference: str, theta: float) -> tuple[pd.Series, pd.Series]:
+    at = values[np.isclose(values["theta"].astype(float), theta)] if np.isfinite(theta) else values[
+        values["theta"].isna()]
+    t = at[at["variant"] == variant].set_index("seed")["value"]
+    r = at[at["variant"] == reference].set_index("seed")["value"]
+    return t, r
+
+
+def comparison_table(cells: pd.DataFrame, metric: str, level: float = 0.95, correction: str = "holm") -> pd.DataFrame:
+    """One row per (θ, variant with a RoPE reference) that both ran: the difference variant − reference over
+    seeds, its interval, p, the family-corrected p, whether it is significant, and the 80%-power detectable
+    difference at the corrected level (Bonferroni bound of the family)."""
+    values = seed_values(cells, metric)
+    refs = references(cells)
+    rows = []
+    thetas = sorted({float(t) for t in values["theta"].dropna()})
+    for theta in thetas:
+        for variant in sorted(refs, key=lambda v: values.loc[values["variant"] == v, "variant_rank"].min()):
+            t, r = _arms(values, variant, refs[variant], theta)
+            if t.empty or r.empty:
+                continue
+            paired = set(t.index) == set(r.index)
+            c = (compare(t.sort_index().to_numpy(), r.sort_index().to_numpy(), paired=True, level=level) if paired
+                 else compare(t.to_numpy(), r.to_numpy(), paired=False, level=level))
+            rows.append({"metric": metric, "theta": theta, "variant": variant, "reference": refs[variant],
+                         "delta": c.delta, "lo": c.lo, "hi": c.hi, "p": c.p, "n": c.n, "paired": c.paired,
+                         "method": c.method, "testable": c.testable, "sd": c.sd})
+    table = pd.DataFrame(rows, columns=[*COLUMNS, "sd"])
+    alpha = 1 - level
+    family = int(table["p"].notna().sum())
+    table["p_adj"] = adjust(table["p"].tolist(), correction) if len(table) else []
+    table["significant"] = table["testable"].astype(bool) & (table["p_adj"] < alpha)
+    table["mde"] = [detectable_difference(sd, n, paired=bool(pr), alpha=alpha / max(family, 1))
+                    for sd, n, pr in zip(table["sd"], table["n"], table["paired"], strict=True)]
+    table["family"], table["correction"], table["level"] = family, correction, level
+    return table[COLUMNS]
+
+
+def fmt(x: float, digits: int = 4) -> str:
+    """A number for a table: fixed decimals, '—' when not finite (never 'nan')."""
+    if x is None or not np.isfinite(x):
+        return "∞" if x == math.inf else "—"
+    return f"{x:.{digits}f}"
+
+
+def _p_text(p: float) -> str:
+    return "—" if not np.isfinite(p) else f"{p:.3g}"
+
+
+def verdict(row: pd.Series) -> str:
+    """One honest line for a comparison row: the estimate, the test, and what may (not) be concluded."""
+    design = f"{row['n']} paired seeds" if row["paired"] else f"unpaired (Welch), ≥{row['n']} seeds per arm"
+    head = (f"{row['metric']}, {theta_text(row['theta'])}: {row['variant']} − {row['reference']} = "
+            f"{fmt(row['delta'])}")
+    if np.isfinite(row["lo"]):
+        head += f" [{fmt(row['lo'])}, {fmt(row['hi'])}]"
+    enough = seeds_to_reach(1 - row["level"], True)
+    if row["n"] < 2:
+        return f"{head}; one seed per arm: nothing can be concluded (run at least {enough} paired seeds)."
+    test = f"{design}, {row['method']} p = {_p_text(row['p'])}, {row['correction'].capitalize()} p = " \
+           f"{_p_text(row['p_adj'])} over {row['family']}"
+    if not row["testable"]:
+        return (f"{head} ({design}): too few seeds to test — the exact sign-flip test cannot go below "
+                f"p = {2 / 2 ** int(row['n']):.3g}; run at least {enough} paired seeds.")
+    if row["significant"]:
+        side = "lower" if row["delta"] < 0 else "higher"
+        return f"{head} ({test}): {row['variant']} is {side} than {row['reference']}."
+    return (f"{head} ({test}): no difference shown; differences under {fmt(row['mde'])} would likely go unseen "
+            f"(80% power).")
+
+
+def correction_text(correction: str) -> str:
+    """The caption's name of a correction."""
+    return CORRECTIONS[correction]
