@@ -21,6 +21,8 @@ def _plan(a: argparse.Namespace) -> int:
     from sweeps.runner import prepare
 
     plan = prepare(a.spec, a.set)
+    if a.detect is not None:
+        return _detect(plan, a)
     if a.json:
         cells = [{"cell_id": c.cell_id, "values": c.values, "config_hash": c.config_hash, "dedup_of": c.dedup_of}
                  for c in plan.cells]
@@ -39,6 +41,23 @@ def _plan(a: argparse.Namespace) -> int:
           f"scheduler={s['scheduler']}; writes to {s['dir']}")
     for note in plan.warnings:
         print(f"warning: {note}", file=sys.stderr)
+    return 0
+
+
+def _detect(plan, a: argparse.Namespace) -> int:
+    """`plan SPEC --detect D --pilot SWEEP`: the seeds this plan needs to detect D, from the pilot's spread."""
+    if not a.pilot:
+        raise UserError(f"--detect {a.detect} needs --pilot SWEEP: a finished sweep (name or directory) whose "
+                        "per-seed spread sizes the answer, e.g. --pilot quickstart")
+    from analysis.power import seed_advice
+    from sweeps.results import planned_frame
+
+    pilot = Path(a.pilot)
+    if not pilot.is_dir() and "/" not in a.pilot and ".." not in a.pilot:
+        pilot = Path(a.storage) / a.pilot
+    metric = a.metric or plan.spec.search.metric
+    advice = seed_advice(pilot, planned_frame(plan), metric, a.detect)
+    print("\n".join(advice.lines()))
     return 0
 
 
@@ -165,6 +184,12 @@ def sweep_main(argv: list[str]) -> int:
 
     q = spec_cmd("plan", "print the cells, trials run and saved, and resources without running")
     q.add_argument("--json", action="store_true")
+    q.add_argument("--detect", type=float, default=None, metavar="DIFF",
+                   help="print the seeds this plan needs to detect a difference DIFF in --metric (80%% power, after "
+                        "the report's Holm correction), from the per-seed spread of --pilot")
+    q.add_argument("--pilot", default="", help="a finished sweep (name or directory) to take the spread from")
+    q.add_argument("--metric", default="", help="the metric for --detect (default: the spec's search.metric)")
+    q.add_argument("--storage", default=DEFAULT_STORAGE, help="where --pilot is looked up by name")
     q.set_defaults(fn=_plan)
     q = spec_cmd("run", "run a sweep (embedded Ray unless --address)")
     q.add_argument("--address", default=None, help="join an existing Ray cluster (e.g. auto or HOST:6379)")

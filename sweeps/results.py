@@ -22,7 +22,7 @@ from trainer.config import BASE_METRICS, metric_names
 from trainer.position import IDENTITY_COLUMNS, encoding_identity
 from trainer.run_files import RUN_FILE, read_lm_eval, read_result
 
-__all__ = ["cell_rows", "write_results"]
+__all__ = ["axis_columns", "cell_rows", "planned_frame", "write_results"]
 
 def _status(cell_dir: Path) -> tuple[str, str | None, dict[str, Any]]:
     try:
@@ -39,6 +39,26 @@ def _status(cell_dir: Path) -> tuple[str, str | None, dict[str, Any]]:
     return "PENDING", None, {}
 
 
+def axis_columns(values: dict[str, Any]) -> dict[str, str]:
+    """A cell's axis values as results.parquet stores them: one string per dotted key (mappings and lists as JSON)."""
+    return {k: json.dumps(v) if isinstance(v, (list, dict)) else str(v) for k, v in values.items()}
+
+
+def planned_frame(plan) -> Any:
+    """The plan's cells shaped like results.parquet before anything ran (every cell as if FINISHED, dedup kept as
+    planned), with the axes in `attrs`: what the analysis needs to know which comparisons a report will draw."""
+    import pandas as pd
+
+    from sweeps.plan import seed_axes
+
+    axes = list(plan.spec.axes) or list(plan.spec.search.space)
+    df = pd.DataFrame([{**axis_columns(c.values), "cell_id": c.cell_id, "status": "FINISHED",
+                        "dedup_of": c.dedup_of, **encoding_identity(c.config.model.pe),
+                        "seed": int(c.config.train.seed)} for c in plan.cells])
+    df.attrs = {"axes": axes, "seed_axes": seed_axes(axes)}
+    return df
+
+
 def _row(name: str, cell_id: str, trained_dir: Path, cfg, dedup_of: str | None, config_hash: str | None,
          values: dict[str, Any]) -> dict[str, Any]:
     status, error, result = _status(trained_dir)
@@ -49,7 +69,7 @@ def _row(name: str, cell_id: str, trained_dir: Path, cfg, dedup_of: str | None, 
         except UserError as err:
             status, error = "CORRUPT", str(err)
     return {
-        **{k: json.dumps(v) if isinstance(v, (list, dict)) else str(v) for k, v in values.items()},
+        **axis_columns(values),
         "sweep": name, "cell_id": cell_id, "trained_cell": trained_dir.name, "dedup_of": dedup_of,
         "status": status, "error": error, "config_hash": config_hash or result.get("config_hash"),
         **encoding_identity(cfg.model.pe), "seed": int(cfg.train.seed), "steps": int(cfg.train.steps),

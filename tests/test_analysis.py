@@ -222,3 +222,28 @@ def test_find_sweep_dir_from_any_working_directory(tiny_sweep, tmp_path, monkeyp
     assert find_sweep_dir(tiny_sweep) == tiny_sweep.resolve()
     with pytest.raises(UserError, match="no sweep there"):
         find_sweep_dir("runs/sweeps/no-such-sweep")
+
+
+def test_sweep_plan_detect_prints_the_seeds_a_difference_needs(tiny_sweep, tmp_path):
+    """`plan --detect D --pilot SWEEP`: the paired answer is the power calculation at the pilot's largest per-seed
+    spread of paired differences, at the Holm level of the plan's comparisons (2 here: 4D identity and 4D Paley)."""
+    from analysis.stats import seeds_needed
+
+    spec = tmp_path / "next.yaml"
+    spec.write_text("name: next\nbase: tiny\naxes:\n  model.pe.rotation_dim: [2, 4]\n"
+                    "  model.pe.basis: [identity, paley]\n  seed: [1, 2, 3]\n")
+    out = subprocess.run([sys.executable, "-m", "hdrope.console", "sweep", "plan", str(spec), "--detect", "0.02",
+                          "--pilot", str(tiny_sweep), "--metric", "val_loss_x2"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    results = pd.read_parquet(tiny_sweep / "results.parquet")
+    done = results[results["dedup_of"].isna()]
+    rope = done[done["rotation_dim"] == 2].set_index("seed")["val_loss_x2"]
+    sds = [float((done[(done["rotation_dim"] == 4) & (done["basis"] == b)].set_index("seed")["val_loss_x2"] - rope)
+                 .std(ddof=1)) for b in ("identity", "paley")]
+    want = seeds_needed(0.02, max(sds), paired=True, alpha=0.05 / 2)
+    assert f"paired (every variant on the same seeds, as `axes: {{seed: [...]}}` runs them): {want} seeds" in out.stdout
+    assert "Holm over the plan's 2 comparisons" in out.stdout and "this plan runs 3 seeds per cell" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "hdrope.console", "sweep", "plan", str(spec), "--detect", "0.02"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "needs --pilot" in bad.stderr and "Traceback" not in bad.stderr

@@ -1,0 +1,119 @@
+"""How many seeds a question needs: power at the per-seed spread a pilot sweep measured.
+
+`seed_advice(pilot, planned, metric, difference)` reads a finished pilot sweep, takes the per-seed
+spread of its comparisons (of the paired per-seed differences where the pilot paired seeds, else
+pooled within variants, with √2·sd bounding an uncorrelated paired difference), and answers how many
+seeds the planned sweep needs so that its report detects `difference` at 80% power after the Holm
+correction over the planned table's comparisons (the Bonferroni level α/m bounds Holm's first step).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.comparisons import comparison_table, references
+from analysis.load import find_sweep_dir, load_results, sweep_cells
+from analysis.outcomes import seed_values
+from analysis.stats import seeds_needed
+from analysis.variants import trained
+from hdrope.errors import UserError
+
+__all__ = ["SeedAdvice", "family_size", "seed_advice"]
+
+
+@dataclass(frozen=True)
+class SeedAdvice:
+    """Seeds needed for the planned sweep (None: more than the search limit), with the spreads behind them."""
+
+    metric: str
+    difference: float
+    family: int
+    alpha: float
+    paired_sd: float
+    unpaired_sd: float
+    paired_seeds: int | None
+    unpaired_seeds: int | None
+    planned_seeds: int
+    source: str  # which pilot comparisons the spreads come from
+
+    def lines(self) -> list[str]:
+        """The advice as text for `hdrope sweep plan --detect`."""
+        def seeds(n: int | None) -> str:
+            return "more than 10000" if n is None else str(n)
+
+        verdict = ("enough" if self.paired_seeds is not None and self.planned_seeds >= self.paired_seeds
+                   else "too few")
+        return [
+            f"seeds to detect a {self.difference:g} difference in {self.metric} at 80% power (two-sided, 5%, "
+            f"Holm over the plan's {self.family} comparison{'s' * (self.family != 1)}: α = {self.alpha:.3g} for "
+            f"the first):",
+            f"  per-seed spread from the pilot ({self.source}): paired differences sd {self.paired_sd:.4g}, "
+            f"within variants sd {self.unpaired_sd:.4g}",
+            f"  paired (every variant on the same seeds, as `axes: {{seed: [...]}}` runs them): "
+            f"{seeds(self.paired_seeds)} seeds",
+            f"  unpaired (Welch): {seeds(self.unpaired_seeds)} seeds per variant",
+            f"  this plan runs {self.planned_seeds} seed{'s' * (self.planned_seeds != 1)} per cell: {verdict}",
+        ]
+
+
+def family_size(planned: pd.DataFrame) -> int:
+    """The comparisons a report of these planned cells draws per metric table: every (variant, θ) with a RoPE
+    reference (planned: a results-shaped frame of the plan's cells)."""
+    cells = trained(planned)
+    refs = references(cells)
+    pairs = cells[cells["variant"].isin(list(refs))][["variant", "theta"]].astype(str).drop_duplicates()
+    return max(1, len(pairs))
+
+
+def _pilot_spread(pilot: Path, metric: str) -> tuple[float, float, str]:
+    results = load_results(pilot)
+    if metric not in results:
+        known = [c for c in results.columns if c.startswith(("val_", "passkey", "train_loss", "lm_"))]
+        raise UserError(f"--metric {metric}: the pilot {pilot} has no such column; choose one of {known}")
+    cells = sweep_cells(pilot)
+    tests = comparison_table(cells, metric)
+    tests = tests[np.isfinite(tests["lo"])] if len(tests) else tests
+    values = seed_values(cells, metric)
+    within = values.groupby(["variant", "theta"], dropna=False)["value"].agg(["var", "count"]).dropna()
+    within = within[within["count"] >= 2]
+    if within.empty:
+        raise UserError(f"--pilot {pilot}: no variant of the pilot has 2 or more seeds of {metric}, so it measures "
+                        "no per-seed spread; run the pilot with at least 2 seeds (axes: {seed: [1, 2]})")
+    pooled = float(math.sqrt(np.average(within["var"], weights=within["count"] - 1)))
+    paired = tests[tests["paired"]] if len(tests) else tests
+    if len(paired):
+        diffs = []
+        for _, row in paired.iterrows():
+            at = values[np.isclose(values["theta"].astype(float), row["theta"])]
+            t = at[at["variant"] == row["variant"]].set_index("seed")["value"]
+            r = at[at["variant"] == row["reference"]].set_index("seed")["value"]
+            diffs.append(float((t - r).dropna().std(ddof=1)))
+        worst = int(np.nanargmax(diffs))
+        row = paired.iloc[worst]
+        source = (f"the largest of {len(paired)} paired comparison(s): {row['variant']} − {row['reference']} at "
+                  f"θ={row['theta']:g}, {row['n']} seeds")
+        return float(diffs[worst]), pooled, source
+    return math.sqrt(2) * pooled, pooled, "no paired comparison: √2 × the within-variant sd bounds a paired one"
+
+
+def seed_advice(pilot: str | Path, planned: pd.DataFrame, metric: str, difference: float,
+                power: float = 0.8, level: float = 0.95) -> SeedAdvice:
+    """Seeds the planned sweep needs to detect `difference` in `metric`, from a finished pilot's per-seed spread."""
+    if not (difference > 0 and math.isfinite(difference)):
+        raise UserError(f"--detect {difference}: must be a positive, finite difference in the metric's units, "
+                        "e.g. --detect 0.02")
+    pilot_dir = find_sweep_dir(pilot)
+    paired_sd, unpaired_sd, source = _pilot_spread(pilot_dir, metric)
+    family = family_size(planned)
+    alpha = (1 - level) / family
+    cells = trained(planned)
+    planned_seeds = int(cells.groupby(["variant", cells["theta"].fillna(-1.0)])["seed"].nunique().min())
+    return SeedAdvice(metric, difference, family, alpha, paired_sd, unpaired_sd,
+                      seeds_needed(difference, paired_sd, paired=True, alpha=alpha, power=power),
+                      seeds_needed(difference, unpaired_sd, paired=False, alpha=alpha, power=power),
+                      planned_seeds, f"{pilot_dir.name}: {source}")
