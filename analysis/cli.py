@@ -78,7 +78,9 @@ def report_main(argv: list[str]) -> int:
         if "/" in a.name or ".." in a.name:
             raise UserError(f"{a.name!r}: no results.parquet there; give a sweep name or directory")
         path = Path(a.storage) / a.name
-    from analysis.report import build_report
+    from analysis.report import build_report, verdict_lines
 
-    print(build_report(path, a.tracking_uri))
+    report = build_report(path, a.tracking_uri)
+    print("\n".join(verdict_lines(report.parent)))
+    print(f"\nwritten to {report}")
     return 0

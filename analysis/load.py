@@ -59,7 +59,33 @@ def open_dump(path: str | Path, kind: str = "attention") -> pq.ParquetFile:
     missing = [c for c in need if c not in pf.schema_arrow.names]
     if missing:
         raise UserError(f"{path}: missing columns {missing}; is this a {kind} dump?")
+    wrong = [f"{name} is {pf.schema_arrow.field(name).type}, not {want}" for name, (want, ok) in _TYPES.items()
+             if name in pf.schema_arrow.names and not ok(pf.schema_arrow.field(name).type)]
+    if wrong:
+        article = "an" if kind[0] in "aeiou" else "a"
+        raise UserError(f"{path}: not {article} {kind} dump of this lab ({'; '.join(wrong)}); dumps are written by "
+                        "trainer.attention_dump: re-dump the run (dump.enabled=true)")
     return pf
+
+
+def _float_tensor(t: pa.DataType) -> bool:
+    storage = t.storage_type if isinstance(t, pa.BaseExtensionType) else t
+    return pa.types.is_fixed_size_list(storage) and pa.types.is_floating(storage.value_type)
+
+
+def _float_list(t: pa.DataType) -> bool:
+    return (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)) and \
+        pa.types.is_floating(t.value_type)
+
+
+# column -> (what it must be, check): a file whose metadata says "dump" but whose columns are other types is refused
+_TYPES = {
+    **{c: ("an integer", pa.types.is_integer) for c in ("layer", "head", "sample", "seq_len", "step", "rotation_dim")},
+    **{c: ("a float", pa.types.is_floating) for c in ("erank", "entropy", "theta")},
+    **{c: ("a string", pa.types.is_string) for c in ("pe_kind", "pe_label", "basis", "run_id", "config_hash")},
+    "attn": ("a fixed-shape float tensor", _float_tensor),
+    "logit_mean": ("a list of floats", _float_list),
+}
 
 
 def _filter(table: pa.Table, layers, heads, samples) -> pa.Table:

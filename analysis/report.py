@@ -37,7 +37,8 @@ from analysis.stats import mean_interval, proportion_interval
 from analysis.variants import theta_text, trained
 from hdrope.errors import UserError
 
-__all__ = ["ablation_table", "build_report", "comparisons", "metric_columns", "references", "report_figures"]
+__all__ = ["ablation_table", "build_report", "comparisons", "metric_columns", "references", "report_figures",
+           "verdict_lines"]
 
 _NOT_METRICS = {"seed", "steps", "theta", "rotation_dim", "basis_seed"}
 LEVEL, CORRECTION = 0.95, "holm"
@@ -250,6 +251,14 @@ def build_report(sweep_dir: str | Path, tracking_uri: str | None = None) -> Path
     (out / "comparisons.csv").write_text(pd.concat(all_tests).to_csv(index=False) if all_tests else "")
     _log_to_mlflow(sweep_dir, name, [report, out / "comparisons.csv", *saved], tracking_uri or _spec_uri(plan))
     return report
+
+
+def verdict_lines(report_dir: Path) -> list[str]:
+    """The one-line verdicts of a written report (from its comparisons.csv)."""
+    path = Path(report_dir) / "comparisons.csv"
+    if not path.is_file() or not path.read_text().strip():
+        return ["no comparison with a RoPE reference in this sweep"]
+    return [verdict(row) for _, row in pd.read_csv(path).iterrows()]
 
 
 def _spec_uri(plan: dict) -> str | None:
