@@ -92,6 +92,7 @@ def test_hdrope_eval_lm_eval_runs_a_local_task_and_reaches_mlflow_and_results(tr
     stored = json.loads((run_dir / "lm_eval.json").read_text())
     acc = stored["metrics"]["lm_lab_toy_acc"]
     assert 0.0 <= acc <= 1.0 and acc * len(DOCS) == pytest.approx(round(acc * len(DOCS)))
+    assert stored["metrics"]["lm_lab_toy_n"] == len(DOCS)  # accuracies are k of n documents
     runs = mlflow.MlflowClient(uri).search_runs([mlflow.MlflowClient(uri).get_experiment_by_name(
         "hdrope-lm-eval").experiment_id])
     assert runs[0].data.metrics["lm_lab_toy_acc"] == acc

@@ -68,3 +68,24 @@ def test_a_finished_cell_without_a_metric_prints_no_nan():
     text = table.to_string()
     assert "nan" not in text.lower() and table.loc["RoPE"].iloc[0] == "—"
     assert table.loc["4D Paley"].iloc[0].startswith("3.0150 ± ")
+
+
+def test_lm_eval_accuracies_are_tabled_as_k_of_n_with_wilson_intervals():
+    from analysis.report import comparisons
+
+    rows = [{"cell_id": f"c{i}", "status": "FINISHED", "dedup_of": None, "pe_kind": kind, "pe_label": label,
+             "rotation_dim": dim, "basis": "paley", "theta": 1e4, "seed": seed, "lm_arc_easy_acc": acc,
+             "lm_arc_easy_acc_stderr": 0.05, "lm_arc_easy_n": 100.0}
+            for i, (kind, label, dim, seed, acc) in enumerate(
+                [("rope", "RoPE", 2, 1, 0.30), ("rope", "RoPE", 2, 2, 0.32),
+                 ("hdrope", "4D Paley", 4, 1, 0.35), ("hdrope", "4D Paley", 4, 2, 0.36)])]
+    results = pd.DataFrame(rows)
+    results.attrs = {"axes": ["model.pe.kind", "seed"], "seed_axes": ["seed"]}
+    cell = ablation_table(results, "lm_arc_easy_acc").loc["4D Paley"].iloc[0]
+    assert cell.startswith("71/200 = 35.5% [") and "(seeds=2)" in cell and cell.endswith("(too few seeds to test)")
+    test = comparisons(results, "lm_arc_easy_acc").iloc[0]
+    assert test["paired"] and test["delta"] == pytest.approx(0.045) and not test["testable"]
+    from analysis.outcomes import outcome_metrics
+
+    assert outcome_metrics(["lm_arc_easy_acc", "lm_arc_easy_acc_stderr", "lm_arc_easy_n", "tokens_per_s", "mfu",
+                            "val_loss"]) == ["lm_arc_easy_acc", "val_loss"]
