@@ -184,6 +184,15 @@ def test_a_relabelled_shard_is_refused(work, capsys, split):
     assert rc == 2 and training in prepare
 
 
+def test_shards_without_their_manifest_get_one_answer(work, capsys):
+    paths, shards, cache = work
+    (shards / MANIFEST).unlink()
+    training, (rc, prepare) = _both(paths, shards, cache, capsys)
+    assert "missing; data.shards_dir must be a directory written by `hdrope data prepare`" in training
+    assert "prepare the corpus into a new or empty directory" in training
+    assert rc == 2 and "holds 'train-000000.npy' and" in prepare and "give a new or empty directory" in prepare
+
+
 # ---- 8. and 9. malformed manifests: the field, the value, the fix -------------------------------------------
 
 BAD_MANIFESTS = [  # (id, edit, expected in the message)

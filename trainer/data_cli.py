@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from trainer.shard_prepare import usable_cpus
+from trainer.shard_prepare import prepare_shards, usable_cpus
 
 __all__ = ["data_main"]
 
@@ -19,7 +19,6 @@ def _prepare(a: argparse.Namespace) -> int:
     from hdrope.errors import UserError
     from trainer.config import validate_config
     from trainer.presets import merge_config, override_layer, preset_layer
-    from trainer.shard_prepare import prepare_shards
 
     for item in a.overrides:
         if not item.startswith("data.") or "=" not in item:

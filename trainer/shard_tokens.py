@@ -85,7 +85,8 @@ def _manifest(root: Path) -> ShardManifest:
         manifest = read_manifest(root)
     except FileNotFoundError:
         raise UserError(f"{root / MANIFEST}: missing; data.shards_dir must be a directory written by "
-                        "`hdrope data prepare`; " + RESUME.format(dir=root)) from None
+                        "`hdrope data prepare`: fix the path, or prepare the corpus into a new or empty directory "
+                        "(`hdrope data prepare --out NEW_DIR`) and set data.shards_dir=NEW_DIR") from None
     if not manifest.complete:
         raise UserError(f"{root / MANIFEST}: the preparation did not finish; " + RESUME.format(dir=root))
     return manifest
