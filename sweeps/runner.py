@@ -247,8 +247,9 @@ def _reconcile_when_up(payload: dict[str, Any], uri: str) -> tuple[int, list[str
         except MlflowException as err:
             if not is_outage(err):
                 raise
-            watch.went_down(err)
-            if not watch.wait(deadline - time.monotonic()):
+            # (a server whose database is down answers /health: the deadline still holds)
+            watch.went_down(err, f"waiting up to {RECONCILE_WAIT_S:.0f} s to log what MLflow lacks")
+            if time.monotonic() >= deadline or not watch.wait(deadline - time.monotonic()):
                 raise UserError(f"tracking_uri {uri}: the MLflow server did not answer for {RECONCILE_WAIT_S:.0f} s "
                                 f"at the end of sweep {payload['name']!r}, so MLflow lacks some of its metrics; every "
                                 f"cell's results are in {Path(payload['root']) / 'results.parquet'}; once the server "

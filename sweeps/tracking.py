@@ -124,13 +124,12 @@ class ServerWatch:
         self.down_since: float | None = None
         self._probed = 0.0
 
-    def went_down(self, err: BaseException) -> None:
-        """Record an outage (one line on stderr when it starts)."""
+    def went_down(self, err: BaseException, then: str = "the sweep goes on, and what it could not log is logged "
+                  "once the server answers, at the latest when the sweep ends") -> None:
+        """Record an outage (one line on stderr when it starts, saying what happens `then`)."""
         if self.down_since is None:
             self.down_since = self._probed = time.monotonic()
-            print(f"MLflow at {self.uri} does not answer ({outage_reason(err)}); the sweep goes on, and what it could "
-                  "not log is logged once the server answers, at the latest when the sweep ends", file=sys.stderr,
-                  flush=True)
+            print(f"MLflow at {self.uri} does not answer ({outage_reason(err)}); {then}", file=sys.stderr, flush=True)
 
     def skip(self) -> bool:
         """True while the server is known to be down."""
