@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -30,7 +31,10 @@ def port_in_use(host: str, port: int) -> bool:
 def start_server(backend_uri: str, host: str = "127.0.0.1", port: int = 5000, timeout: float = 90.0,
                  artifacts_dir: str | None = None, allowed_hosts: str = ""):
     """Start `mlflow server` on host:port for backend_uri in its own process group; return (process, url) once it
-    answers /health. `allowed_hosts` is MLflow's Host-header guard (needed when host is not loopback)."""
+    answers /health. `allowed_hosts` is MLflow's Host-header guard (needed when host is not loopback).
+
+    MLflow's job runner (GenAI jobs, which the lab does not use: 8 more processes) stays off unless
+    MLFLOW_SERVER_ENABLE_JOB_EXECUTION is set."""
     if port_in_use(host, port):
         raise UserError(f"--port {port}: {host}:{port} is already in use (another server?); pick a free port "
                         "with --port")
@@ -40,7 +44,9 @@ def start_server(backend_uri: str, host: str = "127.0.0.1", port: int = 5000, ti
         cmd += ["--artifacts-destination", artifacts_dir]
     if allowed_hosts:
         cmd += ["--allowed-hosts", allowed_hosts]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=env)
     url = f"http://{host}:{port}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

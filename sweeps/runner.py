@@ -25,12 +25,14 @@ from sweeps.plan import Plan, local_gpus, make_plan
 from sweeps.procs import exit_on_signals, loopback_ray, signal_exit_codes, start_watchdog
 from sweeps.results import cell_rows, write_results
 from sweeps.spec import SweepSpec, check_name, load_spec
-from sweeps.tracking import SweepTracker, default_tracking_uri, git_commit
+from sweeps.tracking import ServerWatch, SweepTracker, default_tracking_uri, git_commit, is_outage, outage_reason
 from sweeps.trainable import plan_payload, read_payload, run_trial
 from trainer.reporting import check_tracking_uri
 from trainer.run_files import METRICS_FILE, read_metrics, write_json_atomic
 
 __all__ = ["find_sweep", "prepare", "resume_sweep", "run_sweep", "write_plan"]
+
+RECONCILE_WAIT_S = 600.0  # how long the end of a sweep waits for a tracking server that does not answer
 
 
 def prepare(spec_path: str, overrides: list[str] | None = None) -> Plan:
@@ -221,7 +223,8 @@ def _reconcile(payload: dict[str, Any], uri: str) -> tuple[int, list[str]]:
             tracker.log_history(run_id, read_metrics(Path(row["run_dir"]) / METRICS_FILE))
             if row["dedup_of"]:
                 tracker.client.set_tag(run_id, "dedup_of", row["dedup_of"])
-                tracker.log_artifacts(run_id, _dedup_cell_dir(payload, row))
+            # a trained cell's artifacts too: the live callback skipped them if its server was down then
+            tracker.log_artifacts(run_id, _dedup_cell_dir(payload, row) if row["dedup_of"] else Path(row["run_dir"]))
             tracker.set_status(run_id, "FINISHED")
             finished += 1
         else:
@@ -233,14 +236,42 @@ def _reconcile(payload: dict[str, Any], uri: str) -> tuple[int, list[str]]:
     return finished, failed
 
 
+def _reconcile_when_up(payload: dict[str, Any], uri: str) -> tuple[int, list[str]]:
+    """`_reconcile`, waiting up to RECONCILE_WAIT_S in all for a tracking server that does not answer."""
+    from mlflow.exceptions import MlflowException
+
+    watch, deadline = ServerWatch(uri), time.monotonic() + RECONCILE_WAIT_S
+    while True:
+        try:
+            return _reconcile(payload, uri)
+        except MlflowException as err:
+            if not is_outage(err):
+                raise
+            # (a server whose database is down answers /health: the deadline still holds)
+            watch.went_down(err, f"waiting up to {RECONCILE_WAIT_S:.0f} s to log what MLflow lacks")
+            if time.monotonic() >= deadline or not watch.wait(deadline - time.monotonic()):
+                raise UserError(f"tracking_uri {uri}: the MLflow server did not answer for {RECONCILE_WAIT_S:.0f} s "
+                                f"at the end of sweep {payload['name']!r}, so MLflow lacks some of its metrics; every "
+                                f"cell's results are in {Path(payload['root']) / 'results.parquet'}; once the server "
+                                f"answers, `hdrope sweep resume {payload['root']}` logs what MLflow lacks") from None
+
+
 def _execute(payload: dict[str, Any], spec: SweepSpec, address: str | None, uri: str, restore: bool) -> int:
+    from mlflow.exceptions import MlflowException
+
     from sweeps.progress import quiet_logs
 
     quiet_logs()
-    tracker = SweepTracker(uri, spec.name, Path(payload["root"]) / "artifacts")
-    tracker.describe(spec.description, {"sweep": spec.name, "git_commit": git_commit(), "base": spec.base,
-                                        "axes": ", ".join(payload.get("axes", []))})
-    tracker.parent_run({"spec": payload["spec"][:6000], "cells": len(payload["cells"])})
+    try:
+        tracker = SweepTracker(uri, spec.name, Path(payload["root"]) / "artifacts")
+        tracker.describe(spec.description, {"sweep": spec.name, "git_commit": git_commit(), "base": spec.base,
+                                            "axes": ", ".join(payload.get("axes", []))})
+        tracker.parent_run({"spec": payload["spec"][:6000], "cells": len(payload["cells"])})
+    except MlflowException as err:
+        if not is_outage(err):
+            raise
+        raise UserError(f"tracking_uri {uri}: the MLflow server does not answer ({outage_reason(err)}); start it, or "
+                        "point the spec's tracking_uri (or --tracking-uri) at one that runs") from None
     with signal_exit_codes():  # a stop signal ends the driver with 128 + signal wherever it lands
         started = _init_ray(address, spec)
         try:
@@ -266,8 +297,8 @@ def _fit_and_reconcile(payload: dict[str, Any], spec: SweepSpec, uri: str, resto
     finally:
         if old_cwd and os.path.isdir(old_cwd):
             os.chdir(old_cwd)
-    finished, failed = _reconcile(payload, uri)
-    path = write_results(payload)
+    path = write_results(payload)  # first: a tracking server that is down does not hold the results back
+    finished, failed = _reconcile_when_up(payload, uri)
     print(f"sweep {spec.name}: {finished} cells finished, {len(failed)} failed in {time.monotonic() - started:.0f} s; "
           f"results {path}; MLflow: hdrope ui {payload['root']}", file=sys.stderr)
     return 1 if failed else 0
