@@ -23,6 +23,7 @@ from trainer.config import RunConfig, validate_config
 from trainer.encodings.configs import PEConfig
 from trainer.model import ModelArgs
 from trainer.position import POSITION_ENCODINGS, pe_config_class
+from trainer.tokenizer import absolute_tokenizer
 
 __all__ = [
     "EXPERIMENTS_DIR",
@@ -140,7 +141,8 @@ def merge_config(layers: list, where: str = "config") -> RunConfig:
 
     `model.pe` is typed by the config class of the kind the layers select (trainer.encodings.configs),
     so a key the kind does not have is an error naming it. Switching to a kind with another config class
-    drops the `model.pe` settings of the layers before the switch (see `select_pe_kind`)."""
+    drops the `model.pe` settings of the layers before the switch (see `select_pe_kind`). A tokenizer.json
+    path is made absolute here, against the current directory, so a run reads one file wherever it resumes."""
     for layer in layers:
         refuse_interpolations(layer, where)
     kind, layers = select_pe_kind(layers, where)
@@ -153,6 +155,7 @@ def merge_config(layers: list, where: str = "config") -> RunConfig:
         raise UserError(f"{where}: bad config key or value at {key!r}: {str(err).splitlines()[0]}"
                         f"{_pe_key_hint(str(key), kind)}") from None
     assert isinstance(cfg, RunConfig)
+    cfg.data.tokenizer = absolute_tokenizer(cfg.data.tokenizer)
     return cfg
 
 
