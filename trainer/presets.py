@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -35,6 +36,7 @@ __all__ = [
     "preset_path",
     "refuse_interpolations",
     "select_pe_kind",
+    "yaml_layer",
 ]
 
 EXPERIMENTS_DIR = Path(__file__).resolve().parent.parent / "experiments"
@@ -159,13 +161,17 @@ def merge_config(layers: list, where: str = "config") -> RunConfig:
     return cfg
 
 
-def preset_layer(name_or_path: str):
-    """The raw OmegaConf mapping of a preset file (not yet merged onto the schema)."""
-    path = preset_path(name_or_path)
+def yaml_layer(path: Path, fix: str = "fix the file"):
+    """The raw OmegaConf node of a YAML file; UserError naming the file when it is not valid YAML (or not text)."""
     try:
         return OmegaConf.load(path)
-    except Exception as err:  # a YAML syntax error is a user error
-        raise UserError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise UserError(f"{path}: not valid YAML: {str(err).splitlines()[0]}; {fix}") from None
+
+
+def preset_layer(name_or_path: str):
+    """The raw OmegaConf mapping of a preset file (not yet merged onto the schema)."""
+    return yaml_layer(preset_path(name_or_path))
 
 
 def load_config(name_or_path: str, overrides: list[str] | None = None, validate: bool = True) -> RunConfig:
