@@ -2,7 +2,8 @@
 
 `build_once(final_dir, build)` makes a directory exactly once even when several processes race:
 a file lock serialises the builders, each builds into a private temporary directory, and an
-atomic rename publishes it. Readers only ever see a complete directory.
+atomic rename publishes it. Readers only ever see a complete directory; one found damaged later
+(an `intact` check fails) is moved aside and built again.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -35,14 +37,22 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def build_once(final_dir: Path, build: Callable[[Path], None]) -> Path:
-    """Return final_dir, calling build(tmp_dir) to create it first if no process has yet."""
-    if final_dir.is_dir():
+def build_once(final_dir: Path, build: Callable[[Path], None], intact: Callable[[Path], bool] | None = None) -> Path:
+    """Return final_dir, calling build(tmp_dir) to create it first if no process has yet.
+
+    With `intact`, a final_dir it rejects (truncated, half-deleted: it is a cache) is replaced by a fresh build."""
+    ok = (lambda d: True) if intact is None else intact
+    if final_dir.is_dir() and ok(final_dir):
         return final_dir
     final_dir.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(final_dir) + ".lock"):
-        if final_dir.is_dir():  # another process finished while we waited
-            return final_dir
+        if final_dir.is_dir():
+            if ok(final_dir):  # another process finished while we waited
+                return final_dir
+            print(f"hdrope: {final_dir}: a damaged cache entry; rebuilding it", file=sys.stderr)
+            damaged = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}-damaged-", dir=final_dir.parent))
+            os.replace(final_dir, damaged / final_dir.name)  # readers that have it open keep their files
+            shutil.rmtree(damaged, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}-", dir=final_dir.parent))
         try:
             build(tmp)

@@ -166,13 +166,24 @@ def _iter_hf(cfg: DataConfig) -> Iterator[tuple[str, str]]:
         from datasets import load_dataset
     except ImportError:
         raise UserError("data.corpus=hf needs the `datasets` package: pip install -e '.[hf]'") from None
-    stream = load_dataset(cfg.hf_dataset, split=cfg.hf_split, streaming=True)
-    for i, row in enumerate(stream):
-        if i >= cfg.hf_documents:
-            break
-        if not isinstance(row.get(cfg.text_field), str):
-            raise UserError(f"data.text_field={cfg.text_field!r} is not a text column of {cfg.hf_dataset!r}")
-        yield f"{cfg.hf_dataset}#{i}", row[cfg.text_field]
+    from datasets.exceptions import FileNotFoundDatasetsError
+
+    try:
+        stream = load_dataset(cfg.hf_dataset, split=cfg.hf_split, streaming=True)
+        for i, row in enumerate(stream):  # streaming: rows are fetched while iterating
+            if i >= cfg.hf_documents:
+                break
+            if not isinstance(row.get(cfg.text_field), str):
+                raise UserError(f"data.text_field={cfg.text_field!r} is not a text column of {cfg.hf_dataset!r}")
+            yield f"{cfg.hf_dataset}#{i}", row[cfg.text_field]
+    except ConnectionError as err:  # no network, or HF_HUB_OFFLINE=1 (datasets raises the built-in type)
+        raise UserError(f"data.corpus=hf: data.hf_dataset={cfg.hf_dataset!r} cannot be streamed from the Hugging "
+                        f"Face Hub ({str(err).splitlines()[0] if str(err) else type(err).__name__}); run on a "
+                        "machine that is online, or prepare shards there (`hdrope data prepare`) and train with "
+                        "data.corpus=shards, or use local files (data.corpus=files)") from None
+    except FileNotFoundDatasetsError as err:
+        raise UserError(f"data.hf_dataset={cfg.hf_dataset!r} (split {cfg.hf_split!r}): not found on the Hub "
+                        f"({str(err).splitlines()[0]}); check the dataset name") from None
 
 
 def iter_documents(cfg: DataConfig) -> Iterator[tuple[str, str]]:

@@ -8,24 +8,22 @@ Train on the result with `data.corpus=shards data.shards_dir=DIR` and the same `
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
+
+from trainer.shard_prepare import prepare_shards, usable_cpus
 
 __all__ = ["data_main"]
 
 
 def _prepare(a: argparse.Namespace) -> int:
-    from omegaconf import OmegaConf
-
     from hdrope.errors import UserError
     from trainer.config import validate_config
-    from trainer.presets import merge_config, preset_layer
-    from trainer.shard_prepare import prepare_shards
+    from trainer.presets import merge_config, override_layer, preset_layer
 
     for item in a.overrides:
         if not item.startswith("data.") or "=" not in item:
             raise UserError(f"override {item!r}: prepare takes data.* key=value overrides, e.g. data.corpus=files")
-    layers = ([preset_layer(a.preset)] if a.preset else []) + [OmegaConf.from_dotlist(a.overrides)]
+    layers = ([preset_layer(a.preset)] if a.preset else []) + [override_layer(a.overrides)]
     cfg = merge_config(layers, where=a.preset or "overrides")
     validate_config(cfg)
     res = prepare_shards(cfg.data, Path(a.out), shard_tokens=a.shard_tokens, workers=a.workers,
@@ -43,7 +41,7 @@ def _prepare(a: argparse.Namespace) -> int:
           f"{sp['val']['tokens']:,} validation tokens ({sp['val']['documents']:,} documents) in "
           f"{len(m['shards'])} {m['dtype']} shards ({res.shards_kept} kept from an earlier run)")
     print(f"tokenized {res.tokens_written:,} tokens in {res.seconds:.1f} s: {res.tokens_per_s:,.0f} tokens/s "
-          f"with {a.workers} worker(s)")
+          f"with {res.workers} worker(s)")
     print(f"train on them with: data.corpus=shards data.shards_dir={res.out} data.tokenizer={cfg.data.tokenizer}")
     return 0
 
@@ -57,7 +55,7 @@ def data_main(argv: list[str]) -> int:
     b.add_argument("overrides", nargs="*", help="dotted data.* overrides, e.g. data.corpus=files data.paths=[a/*.txt]")
     b.add_argument("--out", required=True, help="shard directory: new, empty, or an earlier run's (resumed)")
     b.add_argument("--preset", default="", help="take the data section from a preset or YAML (default: defaults)")
-    b.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 1) - 1),
+    b.add_argument("--workers", type=int, default=max(1, usable_cpus() - 1),
                    help="tokenizer processes; 1 tokenizes in this process (default: CPUs - 1)")
     b.add_argument("--shard-tokens", type=int, default=1 << 24, help="tokens per shard (default 16,777,216)")
     b.add_argument("--format", default="npy", choices=["npy", "bin"], help="npy (default) or raw little-endian bin")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from hdrope.errors import UserError
 
-__all__ = ["LOCK_FILE", "hold_dir_lock"]
+__all__ = ["LOCK_FILE", "hold_dir_lock", "refuse_non_directory"]
 
 LOCK_FILE = ".hdrope.lock"
 _held: dict[Path, int] = {}  # directories this process holds -> nesting depth
@@ -64,10 +64,13 @@ def _holder(path: Path) -> str:
     return f"{what} (PID {pid}, started {started})"
 
 
-def _not_a_directory(directory: Path) -> UserError:
-    blocker = next((p for p in (directory, *directory.parents) if p.exists() and not p.is_dir()), directory)
-    where = "is a file" if blocker == directory else f"is under the file {blocker}"
-    return UserError(f"{directory}: {where}, not a directory; give a directory path")
+def refuse_non_directory(directory: Path, field: str = "") -> None:
+    """UserError when directory is a file or lies under one (`field`, e.g. "--out", names where it came from)."""
+    blocker = next((p for p in (directory, *directory.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        where = "is a file" if blocker == directory else f"is under the file {blocker}"
+        name = f"{field} {directory}" if field else str(directory)
+        raise UserError(f"{name}: {where}, not a directory; give a directory path (a new or empty directory)")
 
 
 @contextlib.contextmanager
@@ -77,12 +80,8 @@ def hold_dir_lock(directory: Path, what: str) -> Iterator[Path]:
     Raises UserError "<dir> is in use by <what> (PID n, started ...); wait for it or ..." when another
     live process holds it, and UserError when directory is a file or under one. Yields the lock file."""
     directory = Path(directory).expanduser()
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise _not_a_directory(directory) from None
-    if not directory.is_dir():
-        raise _not_a_directory(directory)
+    refuse_non_directory(directory)
+    directory.mkdir(parents=True, exist_ok=True)
     key = directory.resolve()
     path = key / LOCK_FILE
     with _guard:

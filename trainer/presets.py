@@ -32,6 +32,7 @@ __all__ = [
     "load_config",
     "load_model_args",
     "merge_config",
+    "override_layer",
     "preset_layer",
     "preset_path",
     "refuse_interpolations",
@@ -63,10 +64,19 @@ def preset_path(name_or_path: str) -> Path:
     return path
 
 
-def _check_overrides(overrides: list[str]) -> None:
+def override_layer(overrides: list[str]) -> DictConfig:
+    """The OmegaConf layer of dotted key=value overrides; UserError names an item that is not key=value or
+    whose value is not valid YAML."""
     for item in overrides:
         if "=" not in item or not item.split("=", 1)[0].strip():
             raise UserError(f"override {item!r} is not key=value; write e.g. model.pe.rotation_dim=8")
+        try:
+            OmegaConf.from_dotlist([item])
+        except yaml.YAMLError as err:
+            problem = getattr(err, "problem", None) or type(err).__name__
+            raise UserError(f"override {item!r}: the value is not valid YAML ({problem}); close the brackets and "
+                            "quotes, e.g. 'data.paths=[a.txt, b.txt]', or quote the value") from None
+    return OmegaConf.from_dotlist(overrides)
 
 
 def interpolations(node: Any, prefix: str = "") -> list[tuple[str, str]]:
@@ -177,9 +187,9 @@ def preset_layer(name_or_path: str):
 def load_config(name_or_path: str, overrides: list[str] | None = None, validate: bool = True) -> RunConfig:
     """Load a preset (name in experiments/ or a YAML path), apply key=value overrides, validate, return it."""
     overrides = list(overrides or [])
-    _check_overrides(overrides)
+    layer = override_layer(overrides)
     raw = preset_layer(name_or_path)
-    cfg = merge_config([raw, OmegaConf.from_dotlist(overrides)], where=Path(name_or_path).name)
+    cfg = merge_config([raw, layer], where=Path(name_or_path).name)
     if validate:
         validate_config(cfg)
     return cfg

@@ -9,20 +9,25 @@ split's token stream (documents joined by the tokenizer's end-of-text id) into s
 
 - `train-000000.npy` / `val-000000.npy` … (or `.bin`: raw little-endian tokens), uint16 when the
   vocabulary fits, else uint32;
-- `manifest.json` (`MANIFEST`): settings, tokenizer identity, source identity, and per shard its
+- `manifest.json` (`MANIFEST`, schema and checks in `trainer.shard_manifest`): settings, tokenizer
+  identity, source identity (for files: each path and the sha256 of its bytes), and per shard its
   file, split, token count, sha256 and stream position at its end; when complete also per-split
-  totals and the corpus fingerprint (the same as `load_corpus(cfg).fingerprint`).
+  totals and the corpus fingerprint (the same as `load_corpus(cfg).fingerprint`);
+- `.hdrope.lock`: one `prepare` at a time writes the directory (`trainer.dir_lock`).
 
-The manifest is rewritten (atomically) after every shard, so an interrupted run resumes: a rerun
-keeps each split's leading shards whose checksum verifies, skips the documents they cover without
-tokenizing them, and continues; the result is byte-identical to an uninterrupted run.
+The manifest is rewritten (atomically) after a shard is written, as often as it costs at most a
+small share of the run (every shard, unless shards are tiny), so an interrupted run resumes: a rerun
+keeps each split's leading shards that pass `shard_problem` (the check training makes), skips the
+documents they cover without tokenizing them, and continues; the result is byte-identical to an
+uninterrupted run. A manifest made from another corpus version or with other settings is refused,
+and so is a directory without a manifest that holds anything else: prepare overwrites only its own files.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
+import io
 import multiprocessing as mp
 import os
 import sys
@@ -39,7 +44,20 @@ from hdrope.errors import UserError
 from trainer.cache import sha256_file
 from trainer.config import DataConfig
 from trainer.corpus import corpus_files, corpus_fingerprint, iter_documents, single_document_cut, split_documents
+from trainer.dir_lock import LOCK_FILE, hold_dir_lock, refuse_non_directory
 from trainer.run_files import write_json_atomic
+from trainer.shard_manifest import (
+    MANIFEST,
+    SHARD_FORMAT,
+    SPLITS,
+    SUFFIXES,
+    ShardEntry,
+    ShardManifest,
+    read_manifest,
+    shard_dtype,
+    shard_name,
+    shard_problem,
+)
 from trainer.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = [
@@ -51,18 +69,21 @@ __all__ = [
     "prepare_tokenizer",
     "shard_dtype",
     "token_source",
+    "usable_cpus",
 ]
 
-MANIFEST = "manifest.json"
-SHARD_FORMAT = "hdrope-shards-v1"
-SPLITS = ("train", "val")
 _CHUNK_CHARS = 1 << 20  # text per worker task
 _CHUNK_DOCS = 1024
+_SAVE_SHARE = 20  # the manifest is rewritten at most once per 20x the time its last write took (<= 5% of the run)
+_OURS_BEFORE_MANIFEST = (LOCK_FILE, f".{MANIFEST}.tmp")  # what a run leaves before its first manifest
 
 
-def shard_dtype(vocab_size: int) -> np.dtype:
-    """uint16 when every id fits, else uint32 (as the in-memory token cache)."""
-    return np.dtype(np.uint16 if vocab_size <= 65536 else np.uint32)
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def prepare_tokenizer(cfg: DataConfig) -> Tokenizer:
@@ -74,11 +95,12 @@ def prepare_tokenizer(cfg: DataConfig) -> Tokenizer:
 
 
 def token_source(cfg: DataConfig) -> dict[str, Any]:
-    """What decides the documents and their split: corpus settings plus, for files, each path and size."""
+    """What decides the documents and their split: corpus settings plus, for files, each path and the sha256
+    of its bytes (so an edit that keeps a file's size and time is a different source)."""
     src: dict[str, Any] = {"corpus": cfg.corpus, "val_fraction": cfg.val_fraction}
     if cfg.corpus == "files":
         src["text_field"] = cfg.text_field
-        src["files"] = [{"path": str(p), "bytes": p.stat().st_size} for p in corpus_files(cfg)]
+        src["files"] = [{"path": str(p), "sha256": sha256_file(p)} for p in corpus_files(cfg)]
     elif cfg.corpus == "hf":
         src.update(dataset=cfg.hf_dataset, split=cfg.hf_split, documents=cfg.hf_documents, text_field=cfg.text_field)
     return src
@@ -126,8 +148,8 @@ class _SplitWriter:
     suffix: str
     dtype: np.dtype
     start: _Position
-    shards: list[dict]  # kept shard entries of this split, in order
-    on_shard: Callable[[dict], None]
+    shards: list[ShardEntry]  # kept shard entries of this split, in order
+    on_shard: Callable[[ShardEntry], None]
     pos: _Position = field(init=False)
     buf: list[np.ndarray] = field(default_factory=list)
     buffered: int = 0
@@ -164,22 +186,26 @@ class _SplitWriter:
             else:
                 self.pos = _Position(self.pos.doc, self.pos.offset + left)
                 left = 0
-        name = f"{self.split}-{len(self.shards):06d}{self.suffix}"
-        _write_shard(self.out / name, shard.astype(self.dtype, copy=False))
-        entry = {"file": name, "split": self.split, "tokens": int(n), "sha256": sha256_file(self.out / name),
-                 "end": [self.pos.doc, self.pos.offset]}
+        name = shard_name(self.split, len(self.shards), self.suffix)
+        digest = _write_shard(self.out / name, shard.astype(self.dtype, copy=False))
+        entry = ShardEntry(name, self.split, int(n), digest, (self.pos.doc, self.pos.offset))
         self.shards.append(entry)
         self.on_shard(entry)
 
 
-def _write_shard(path: Path, tokens: np.ndarray) -> None:
+def _write_shard(path: Path, tokens: np.ndarray) -> str:
+    """Write the shard through a temporary file and a rename; returns the sha256 of the file's bytes."""
+    if path.suffix == ".npy":
+        buf = io.BytesIO()
+        np.save(buf, tokens)
+        data = buf.getbuffer()
+    else:
+        data = memoryview(tokens.astype(tokens.dtype.newbyteorder("<"), copy=False)).cast("B")
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
-        if path.suffix == ".npy":
-            np.save(f, tokens)
-        else:
-            f.write(tokens.astype(tokens.dtype.newbyteorder("<"), copy=False).tobytes())
+        f.write(data)
     os.replace(tmp, path)
+    return hashlib.sha256(data).hexdigest()
 
 
 class _Stopped(Exception):
@@ -197,6 +223,7 @@ class PrepareResult:
     tokens_written: int
     seconds: float
     manifest: dict
+    workers: int = 1
 
     @property
     def tokens_per_s(self) -> float:
@@ -211,38 +238,77 @@ def _settings(cfg: DataConfig, tok: Tokenizer, shard_tokens: int, file_format: s
             "source": token_source(cfg)}
 
 
-def _kept_shards(out: Path, settings: dict[str, Any]) -> tuple[list[dict], dict | None]:
+def _refuse_foreign(out: Path) -> None:
+    """UserError when out holds a manifest that is not prepare's (or not valid), or no manifest and anything but
+    what a prepare leaves before its first manifest."""
+    if not out.is_dir():
+        return
+    if (out / MANIFEST).exists():
+        read_manifest(out)
+        return
+    others = sorted(p.name for p in out.iterdir() if p.name not in _OURS_BEFORE_MANIFEST)
+    if others:
+        more = f" and {len(others) - 1} more" if len(others) > 1 else ""
+        raise UserError(f"--out {out}: holds {others[0]!r}{more}, which `hdrope data prepare` did not write "
+                        f"(the directory holds no {MANIFEST}); give a new or empty directory")
+
+
+def _source_change(old: Any, new: dict[str, Any]) -> str:
+    """In words, how the corpus differs from the one the shards were made from."""
+    if not isinstance(old, dict) or old.get("corpus") != new["corpus"] or "files" not in new:
+        return "the corpus settings differ"
+    before = {f.get("path"): f.get("sha256") for f in old.get("files", []) if isinstance(f, dict)}
+    after = {f["path"]: f["sha256"] for f in new["files"]}
+    changed = [p for p in after if p in before and before[p] != after[p]]
+    added, gone = [p for p in after if p not in before], [p for p in before if p not in after]
+    parts = [f"{what} {', '.join(map(str, names[:3]))}{' …' if len(names) > 3 else ''}"
+             for what, names in (("changed:", changed), ("new:", added), ("gone:", gone)) if names]
+    return "; ".join(parts) or "the corpus settings differ"
+
+
+def _kept_shards(out: Path, settings: dict[str, Any]) -> tuple[list[ShardEntry], ShardManifest | None]:
     """Shard entries of an earlier run into out that verify (each split's leading run of good shards),
     and that run's manifest (None when there was none)."""
-    path = out / MANIFEST
-    if not path.is_file():
-        ours = (MANIFEST, *(f"{s}-" for s in SPLITS))  # a run killed before its first manifest leaves only these
-        others = [p.name for p in out.iterdir() if not p.name.lstrip(".").startswith(ours)] if out.is_dir() else []
-        if others:
-            raise UserError(f"--out {out}: not empty ({', '.join(sorted(others)[:3])} …) and holds no {MANIFEST}; "
-                            "give a new or empty directory")
-        return [], None
+    _refuse_foreign(out)
     try:
-        old = json.loads(path.read_text())
-        old_settings = {k: old[k] for k in settings}
-        entries = list(old["shards"])
-    except (OSError, ValueError, KeyError, TypeError):
-        raise UserError(f"{path}: not a readable shard manifest; delete {out} (or give a new --out) "
-                        "and prepare again") from None
-    if old_settings != settings:
-        diff = sorted(k for k in settings if old_settings[k] != settings[k])
-        raise UserError(f"--out {out}: holds shards of another preparation ({', '.join(diff)} differ); "
+        old = read_manifest(out)
+    except FileNotFoundError:
+        return [], None
+    differ = sorted(k for k in settings if old.raw.get(k) != settings[k])
+    if differ == ["source"]:
+        raise UserError(f"--out {out}: its shards were made from another version of the corpus "
+                        f"({_source_change(old.raw.get('source'), settings['source'])}); give a new --out, or "
+                        f"remove {out} and prepare again")
+    if differ:
+        raise UserError(f"--out {out}: holds shards of another preparation ({', '.join(differ)} differ); "
                         "give a new --out, or delete the directory to rebuild it")
-    kept: list[dict] = []
+    kept: list[ShardEntry] = []
     broken = set()
-    for entry in entries:
-        split = entry["split"]
-        f = out / entry["file"]
-        if split in broken or not f.is_file() or sha256_file(f) != entry["sha256"]:
-            broken.add(split)
+    for entry in old.shards:
+        if entry.split in broken or shard_problem(out, entry, old) is not None:
+            broken.add(entry.split)
             continue
         kept.append(entry)
     return kept, old
+
+
+class _ManifestSaver:
+    """Rewrites the manifest after a shard, at most once per _SAVE_SHARE times its last write took: with many
+    tiny shards the writes (each the size of the manifest) stay a bounded share of the run, not quadratic."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.next_at = path, 0.0
+
+    def due(self) -> bool:
+        return time.perf_counter() >= self.next_at
+
+    def save(self, build: Callable[[], dict]) -> dict:
+        """Write the manifest `build` makes now; returns it."""
+        start = time.perf_counter()
+        manifest = build()
+        write_json_atomic(self.path, manifest)
+        self.next_at = start + (_SAVE_SHARE + 1) * (time.perf_counter() - start)
+        return manifest
 
 
 def _chunks(docs: Iterator[tuple[str, str]], starts: dict[str, _Position],
@@ -308,9 +374,9 @@ class _Progress:
             self.bar.update(n)
             self.bar.set_postfix(tokens=f"{self.tokens:,}", refresh=False)
 
-    def shard(self, entry: dict) -> None:
+    def shard(self, entry: ShardEntry) -> None:
         if self.enabled and self.bar is None:
-            print(f"  {entry['file']}: {entry['tokens']:,} tokens ({self.tokens:,} this run)", file=sys.stderr)
+            print(f"  {entry.file}: {entry.tokens:,} tokens ({self.tokens:,} this run)", file=sys.stderr)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -332,36 +398,59 @@ def prepare_shards(cfg: DataConfig, out: Path, *, shard_tokens: int = 1 << 24, w
         raise UserError(f"--format {file_format!r}: choose npy or bin")
     if max_shards < 0:
         raise UserError(f"--max-shards {max_shards}: must be >= 0 (0: no limit)")
+    workers = _capped_workers(workers)
+    refuse_non_directory(out, "--out")
+    _refuse_foreign(out)  # before the lock creates anything in a directory that is not ours
     t0 = time.perf_counter()
     tok = prepare_tokenizer(cfg)
-    dtype = shard_dtype(tok.vocab_size)
     settings = _settings(cfg, tok, shard_tokens, file_format)
-    kept, old = _kept_shards(out, settings)
-    if old is not None and old.get("complete") and len(kept) == len(old["shards"]):
-        return PrepareResult(out, True, 0, len(kept), 0, time.perf_counter() - t0, old)
-    out.mkdir(parents=True, exist_ok=True)
-    shards: dict[str, list[dict]] = {s: [e for e in kept if e["split"] == s] for s in SPLITS}
-    starts = {s: _Position(*shards[s][-1]["end"]) if shards[s] else _Position() for s in SPLITS}
-    written: list[dict] = []
+    with hold_dir_lock(out, "hdrope data prepare"):
+        kept, old = _kept_shards(out, settings)
+        if old is not None and old.complete and len(kept) == len(old.shards):
+            return PrepareResult(out, True, 0, len(kept), 0, time.perf_counter() - t0, old.raw, workers)
+        manifest, complete, written = _prepare(cfg, out, tok, settings, kept, workers, max_shards, progress)
+    return PrepareResult(out, complete, len(written), len(kept), sum(e.tokens for e in written),
+                         time.perf_counter() - t0, manifest, workers)
+
+
+def _capped_workers(workers: int) -> int:
+    cpus = usable_cpus()
+    if workers > cpus:
+        print(f"hdrope data prepare: warning: --workers {workers} is more than the {cpus} CPUs this process may use; "
+              f"using {cpus} workers", file=sys.stderr)
+        return cpus
+    return workers
+
+
+def _prepare(cfg: DataConfig, out: Path, tok: Tokenizer, settings: dict[str, Any], kept: list[ShardEntry],
+             workers: int, max_shards: int, progress: bool) -> tuple[dict, bool, list[ShardEntry]]:
+    """Tokenize what the kept shards do not cover into out: (the manifest, complete, the shards written)."""
+    dtype = np.dtype(settings["dtype"])
+    shards: dict[str, list[ShardEntry]] = {s: [e for e in kept if e.split == s] for s in SPLITS}
+    starts = {s: _Position(*shards[s][-1].end) if shards[s] else _Position() for s in SPLITS}
+    written: list[ShardEntry] = []
+    saver = _ManifestSaver(out / MANIFEST)
 
     def save_manifest(extra: dict | None = None) -> dict:
-        ordered = sorted(kept + written, key=lambda e: (SPLITS.index(e["split"]), e["file"]))
-        manifest = {**settings, "complete": False, "shards": ordered, **(extra or {})}
-        write_json_atomic(out / MANIFEST, manifest)
-        return manifest
+        def build() -> dict:
+            ordered = [e.to_json() for s in SPLITS for e in shards[s]]  # each split's shards, in order
+            return {**settings, "complete": False, "shards": ordered, **(extra or {})}
+
+        return saver.save(build)
 
     stream, n_docs = _split_stream(cfg)
     bar = _Progress(n_docs, progress, done=sum(p.doc for p in starts.values()))  # resumed: skipped documents
 
-    def on_shard(entry: dict) -> None:
+    def on_shard(entry: ShardEntry) -> None:
         written.append(entry)
-        save_manifest()
         bar.shard(entry)
         if max_shards and len(written) >= max_shards:
             raise _Stopped
+        if saver.due():
+            save_manifest()
 
-    writers = {s: _SplitWriter(s, out, shard_tokens, ".npy" if file_format == "npy" else ".bin", dtype, starts[s],
-                               shards[s], on_shard) for s in SPLITS}
+    writers = {s: _SplitWriter(s, out, settings["shard_tokens"], SUFFIXES[settings["file_format"]], dtype,
+                               starts[s], shards[s], on_shard) for s in SPLITS}
     digests: dict[str, list[bytes]] = {s: [] for s in SPLITS}
     val_bytes = [0]
     save_manifest()
@@ -381,13 +470,12 @@ def prepare_shards(cfg: DataConfig, out: Path, *, shard_tokens: int = 1 << 24, w
         bar.close()
     manifest = save_manifest()
     if complete:
-        totals = {s: {"documents": len(digests[s]), "tokens": sum(e["tokens"] for e in shards[s]),
+        totals = {s: {"documents": len(digests[s]), "tokens": sum(e.tokens for e in shards[s]),
                       "shards": len(shards[s])} for s in SPLITS}
         totals["val"]["bytes"] = val_bytes[0]
         manifest = save_manifest({"complete": True, "splits": totals,
                                   "corpus_fingerprint": corpus_fingerprint(digests["train"], digests["val"])})
-    return PrepareResult(out, complete, len(written), len(kept), sum(e["tokens"] for e in written),
-                         time.perf_counter() - t0, manifest)
+    return manifest, complete, written
 
 
 def _encoded(chunks: Iterator[tuple[str, int, list[str]]], cfg: DataConfig, tok: Tokenizer, dtype: str,

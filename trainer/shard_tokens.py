@@ -1,9 +1,10 @@
 """Training from prepared shards (`data.corpus=shards`, `data.shards_dir=DIR`): verified, memory-mapped, concatenated.
 
-`load_shards(dir, tokenizer)` checks the manifest `hdrope data prepare` wrote (complete, same
-tokenizer identity) and every shard's size and sha256, then memory-maps the shards. A shard whose
-checksum verified is recorded in the cache (`shard-checks/`, by path, size and mtime) and is not
-hashed again until its size or modification time changes, so trials after the first start at once. Each split is a
+`load_shards(dir, tokenizer)` checks the manifest `hdrope data prepare` wrote (its schema and
+consistency, complete, same tokenizer identity) and every shard's size, header and sha256 (the
+checks of `trainer.shard_manifest`, the same ones prepare resumes with), then memory-maps the
+shards. A shard's sha256 is recorded in the cache (`shard-checks/`, by name, size, mtime, ctime
+and inode) and is not hashed again until the file changes, so trials after the first start at once. Each split is a
 `ShardStream`: the concatenation of its shards, read like a 1-D token array (`len`, slices). Training
 windows are drawn from the whole stream exactly as from the in-memory array, so a window may span a
 shard boundary, and a run on shards sees bitwise the batches of a run on the same corpus in memory
@@ -23,7 +24,7 @@ import numpy as np
 from hdrope.errors import UserError
 from trainer.cache import cache_root, sha256_file
 from trainer.run_files import write_json_atomic
-from trainer.shard_prepare import MANIFEST, SHARD_FORMAT, SPLITS
+from trainer.shard_manifest import MANIFEST, RESUME, SPLITS, ShardEntry, ShardManifest, read_manifest, shard_problem
 from trainer.tokenizer import Tokenizer
 
 __all__ = ["ShardSet", "ShardStream", "load_shards"]
@@ -63,63 +64,58 @@ class ShardSet:
     train: ShardStream
     val: ShardStream
     path: Path
-    manifest: dict
+    manifest: ShardManifest
 
     @property
     def key(self) -> str:
-        return str(self.manifest["corpus_fingerprint"])
+        return str(self.manifest.corpus_fingerprint)
 
     @property
     def val_bytes_per_token(self) -> float:
         """UTF-8 bytes of the validation documents per validation token (for val_bpb)."""
-        return self.manifest["splits"]["val"]["bytes"] / max(1, len(self.val))
+        assert self.manifest.splits is not None
+        return float(self.manifest.splits["val"].bytes or 0) / max(1, len(self.val))
 
 
-_FIX = "rerun `hdrope data prepare` with --out {dir} (it keeps shards that verify and re-makes the rest)"
-
-
-def _manifest(root: Path) -> dict:
-    path = root / MANIFEST
+def _manifest(root: Path) -> ShardManifest:
     if not root.is_dir():
         raise UserError(f"data.shards_dir={str(root)!r}: no such directory; run `hdrope data prepare --out {root}` "
                         "first, or fix the path")
     try:
-        manifest = json.loads(path.read_text())
-        ok = isinstance(manifest, dict) and manifest.get("format") == SHARD_FORMAT
-        _ = [(e["file"], e["split"], int(e["tokens"]), e["sha256"]) for e in manifest["shards"]]
+        manifest = read_manifest(root)
     except FileNotFoundError:
-        raise UserError(f"{path}: missing; data.shards_dir must be a directory written by `hdrope data prepare`; "
-                        + _FIX.format(dir=root)) from None
-    except (OSError, ValueError, KeyError, TypeError):
-        ok = False
-    if not ok:
-        raise UserError(f"{path}: not a readable {SHARD_FORMAT} manifest; " + _FIX.format(dir=root))
-    if not manifest.get("complete"):
-        raise UserError(f"{path}: the preparation did not finish; " + _FIX.format(dir=root))
+        raise UserError(f"{root / MANIFEST}: missing; data.shards_dir must be a directory written by "
+                        "`hdrope data prepare`: fix the path, or prepare the corpus into a new or empty directory "
+                        "(`hdrope data prepare --out NEW_DIR`) and set data.shards_dir=NEW_DIR") from None
+    if not manifest.complete:
+        raise UserError(f"{root / MANIFEST}: the preparation did not finish; " + RESUME.format(dir=root))
     return manifest
 
 
 class _Checked:
-    """sha256 results of shards, remembered per (size, mtime) in the cache; one JSON file per shard directory."""
+    """sha256 results of shards, remembered per (size, mtime, ctime, inode) in the cache; one JSON file per
+    shard directory."""
 
     def __init__(self, root: Path, cache_dir: str) -> None:
         key = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
         self.path = cache_root(cache_dir) / "shard-checks" / f"{key}.json"
         try:
-            self.seen: dict[str, list] = json.loads(self.path.read_text())
+            seen = json.loads(self.path.read_text())
         except (OSError, ValueError):
-            self.seen = {}
+            seen = {}
+        self.seen: dict[str, list] = seen if isinstance(seen, dict) else {}
         self.changed = False
 
-    def verify(self, path: Path, sha256: str) -> bool:
+    def sha256(self, path: Path) -> str:
+        """The file's sha256, hashed only when the file changed since it was last hashed."""
         st = path.stat()
-        stamp = [st.st_size, st.st_mtime_ns, sha256]
-        if self.seen.get(path.name) == stamp:
-            return True
-        if sha256_file(path) != sha256:
-            return False
-        self.seen[path.name], self.changed = stamp, True
-        return True
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        seen = self.seen.get(path.name)
+        if isinstance(seen, list) and seen[:-1] == stamp:
+            return str(seen[-1])
+        digest = sha256_file(path)
+        self.seen[path.name], self.changed = [*stamp, digest], True
+        return digest
 
     def save(self) -> None:
         if self.changed:
@@ -127,33 +123,28 @@ class _Checked:
             write_json_atomic(self.path, self.seen)
 
 
-def _open(root: Path, entry: dict, dtype: np.dtype, checked: _Checked) -> np.ndarray:
-    path = root / entry["file"]
-    fix = _FIX.format(dir=root)
-    if not path.is_file():
-        raise UserError(f"{path}: shard missing; {fix}")
-    if not checked.verify(path, entry["sha256"]):
-        raise UserError(f"{path}: sha256 does not match the manifest (the shard is corrupt); {fix}")
-    tokens = np.load(path, mmap_mode="r") if path.suffix == ".npy" else np.memmap(path, dtype=dtype, mode="r")
-    if tokens.dtype != dtype or tokens.ndim != 1 or len(tokens) != int(entry["tokens"]):
-        raise UserError(f"{path}: holds {tokens.shape} {tokens.dtype}, the manifest says {entry['tokens']} {dtype}; "
-                        f"{fix}")
-    return tokens
+def _open(root: Path, entry: ShardEntry, manifest: ShardManifest, checked: _Checked) -> np.ndarray:
+    problem = shard_problem(root, entry, manifest, checked.sha256)
+    if problem:
+        raise UserError(f"{root / entry.file}: {problem}; " + RESUME.format(dir=root))
+    path = root / entry.file
+    if manifest.file_format == "npy":
+        return np.load(path, mmap_mode="r")
+    return np.memmap(path, dtype=manifest.dtype, mode="r")
 
 
 def load_shards(shards_dir: str, tok: Tokenizer, cache_dir: str = "") -> ShardSet:
     """Verified, memory-mapped train/val streams of a prepared directory made with the tokenizer `tok`."""
     root = Path(shards_dir).expanduser()
     manifest = _manifest(root)
-    made_with = manifest.get("tokenizer", {})
-    if made_with.get("identity") != tok.identity:
-        raise UserError(f"data.shards_dir={shards_dir!r} was prepared with tokenizer {made_with.get('spec')!r} "
-                        f"({made_with.get('identity')}), but data.tokenizer gives {tok.identity}; "
-                        f"set data.tokenizer={made_with.get('spec')}")
-    dtype = np.dtype(manifest["dtype"]).newbyteorder("<")
+    made_with = manifest.tokenizer
+    if made_with.identity != tok.identity:
+        raise UserError(f"data.shards_dir={shards_dir!r} was prepared with tokenizer {made_with.spec!r} "
+                        f"({made_with.identity}), but data.tokenizer gives {tok.identity}; "
+                        f"set data.tokenizer={made_with.spec}")
     checked = _Checked(root, cache_dir)
     try:
-        streams = {s: ShardStream([_open(root, e, dtype, checked) for e in manifest["shards"] if e["split"] == s])
+        streams = {s: ShardStream([_open(root, e, manifest, checked) for e in manifest.shards if e.split == s])
                    for s in SPLITS}
     finally:
         checked.save()  # what verified stays verified, even when a later shard fails

@@ -1,7 +1,8 @@
 """Tokenized corpora cached as .npy arrays (uint16, or uint32 for large vocabularies), memory-mapped.
 
 The key is a hash of the corpus fingerprint and the tokenizer identity, so every trial that uses
-the same data shares one copy; `build_once` makes concurrent builders safe. Documents are joined
+the same data shares one copy; `build_once` makes concurrent builders safe, and rebuilds an entry
+found damaged (a truncated array, a missing file: it is a cache). Documents are joined
 with the tokenizer's end-of-text id when it has one.
 """
 
@@ -56,5 +57,16 @@ def cached_tokens(corpus: Corpus, tok: Tokenizer, cache_dir: str = "") -> TokenD
                 "val_documents": corpus.val_names}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
 
-    path = build_once(cache_root(cache_dir) / "tokens" / key, build)
+    path = build_once(cache_root(cache_dir) / "tokens" / key, build, intact=_intact)
     return TokenData(np.load(path / "train.npy", mmap_mode="r"), np.load(path / "val.npy", mmap_mode="r"), path, key)
+
+
+def _intact(path: Path) -> bool:
+    """Whether a token cache entry holds both arrays whole, as long as its meta.json says."""
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+        counts = [meta["train_tokens"], meta["val_tokens"]]
+        lengths = [len(np.load(path / f"{s}.npy", mmap_mode="r")) for s in ("train", "val")]
+    except (OSError, ValueError, KeyError, TypeError):  # ValueError: "mmap length is greater than file size"
+        return False
+    return lengths == counts
