@@ -4,6 +4,9 @@
     metrics.jsonl   one JSON object per report, {"step": s, metric: value, ...}; each metric at most once per step
     result.json     the final result (config hash, step, stop reason, every final metric, data-parallel workers)
     lm_eval.json    downstream benchmark results of `hdrope eval lm-eval` (flat lm_<task>_<metric> under "metrics")
+    tokenizer.json  the run's tokenizer (a tokenizer.json path or a trained BPE), copied when the run starts: resume
+                    checks it, export and evaluation read it, so one run has one tokenizer wherever it is used
+    .hdrope.lock    held by the one process training into the directory (`trainer.dir_lock`)
 
 A resumed run cuts metrics.jsonl back to the step it resumes from, so the file always equals the
 one an uninterrupted run writes. Readers tolerate a last line that is still being written.
@@ -14,16 +17,19 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 from hdrope.errors import UserError
+from trainer.cache import sha256_file
 
 __all__ = [
     "LM_EVAL_FILE",
     "METRICS_FILE",
     "RESULT_FILE",
     "RUN_FILE",
+    "TOKENIZER_FILE",
     "append_metrics",
     "claim_run_dir",
     "default_out_dir",
@@ -31,11 +37,13 @@ __all__ = [
     "read_lm_eval",
     "read_metrics",
     "read_result",
+    "store_tokenizer",
     "truncate_metrics",
     "write_json_atomic",
 ]
 
 RUN_FILE, METRICS_FILE, RESULT_FILE, LM_EVAL_FILE = "run.json", "metrics.jsonl", "result.json", "lm_eval.json"
+TOKENIZER_FILE = "tokenizer.json"
 
 
 def default_out_dir(name: str, config_hash: str) -> Path:
@@ -97,6 +105,23 @@ def claim_run_dir(run_dir: Path, config_hash: str, name: str) -> None:
             )
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / RUN_FILE, {"config_hash": config_hash, "name": name})
+
+
+def store_tokenizer(run_dir: Path, source: Path | None) -> None:
+    """Keep a copy of the run's tokenizer.json (source; None for the byte tokenizer) as run_dir/tokenizer.json;
+    UserError when the run already holds a different one (a resume must use the tokenizer it started with)."""
+    if source is None:
+        return
+    dest = Path(run_dir) / TOKENIZER_FILE
+    if dest.is_file():
+        if sha256_file(dest) != sha256_file(source):
+            raise UserError(f"{dest}: the run's tokenizer differs from the one data.tokenizer gives now ({source}); "
+                            "a run keeps the tokenizer it started with: resume with that tokenizer, or pass another "
+                            "train.out_dir")
+        return
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    shutil.copyfile(source, tmp)
+    os.replace(tmp, dest)
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
