@@ -80,9 +80,10 @@ def find_sweep(name: str, storage: str = "runs/sweeps") -> dict[str, Any]:
 def _init_ray(address: str | None, spec: SweepSpec) -> bool:
     """Join the cluster at `address`, or start an embedded single-node Ray on loopback; True if started here.
 
-    The embedded Ray binds 127.0.0.1 only, keeps token auth on (Ray's default), lives under $HDROPE_RAY_TMPDIR when set (else Ray's /tmp/ray), and is watched: if this driver
-    is killed, its processes are stopped. A stop signal while Ray starts ends the driver once it has started
-    (128 + signal, Ray shut down again), never inside Ray's start-up."""
+    The embedded Ray binds 127.0.0.1 only, keeps token auth on (Ray's default), lives under $HDROPE_RAY_TMPDIR
+    when set (else Ray's /tmp/ray), and is watched: if this driver is killed, its processes are stopped. A stop
+    signal while Ray starts ends the driver once it has started (128 + signal, Ray shut down again), never
+    inside Ray's start-up."""
     import ray
 
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
