@@ -13,15 +13,28 @@ from ray import tune
 from sweeps.tracking import ServerWatch, SweepTracker, cell_run_name, is_outage
 from sweeps.trainable import reported_metrics, resolve_cell
 from trainer.config import config_hash, flatten_config
+from trainer.labels import value_label
 from trainer.position import encoding_identity
+from trainer.run_files import RESULT_FILE
 
-__all__ = ["TrackingCallback", "trial_name"]
+__all__ = ["TrackingCallback", "cell_end_ms", "trial_name"]
 
 
 def trial_name(trial: Any, payload: dict[str, Any]) -> str:
     """Tune's name for a trial: its cell's readable run name (e.g. 4D-Paley-θ10000-s42), as in MLflow."""
     _, cfg, values = resolve_cell(payload, trial.config)
     return _run_name(payload, cfg, values)
+
+
+def cell_end_ms(run_dir: Path) -> int | None:
+    """When a cell's training ended (ms since the epoch): when its trainer wrote result.json, or error.txt for a
+    failed trial; None when it has neither (it never ended)."""
+    for name in (RESULT_FILE, "error.txt"):
+        try:
+            return int((Path(run_dir) / name).stat().st_mtime * 1000)
+        except OSError:
+            continue
+    return None
 
 
 def _run_name(payload: dict[str, Any], cfg: Any, values: dict[str, Any]) -> str:
@@ -83,7 +96,8 @@ class TrackingCallback(tune.Callback):
     def _resolve(self, trial_config: dict[str, Any]) -> tuple[str, str, Path]:
         cell_id, cfg, values = resolve_cell(self.payload, trial_config)
         cell = self.payload["cells"].get(cell_id, {})
-        tags = {"dedup_group": cell.get("group", ""), "axes": ", ".join(f"{k}={v}" for k, v in values.items())}
+        axes = ", ".join(f"{k}={value_label(v)}" for k, v in values.items())
+        tags = {"dedup_group": cell.get("group", ""), "axes": axes}
         identity = encoding_identity(cfg.model.pe)
         tags.update({k: str(v) for k, v in identity.items()})
         run_id = self.tracker.cell_run(cell_id, config_hash(cfg), flatten_config(cfg), tags,
@@ -105,9 +119,12 @@ class TrackingCallback(tune.Callback):
     def on_trial_complete(self, iteration, trials, trial, **info):
         _, run_id, cell_dir = self.run_for(trial.config)
         self.tracker.log_artifacts(run_id, cell_dir)
-        self.tracker.set_status(run_id, "FINISHED")
+        self.tracker.set_status(run_id, "FINISHED", end_ms=cell_end_ms(cell_dir))  # the cell's end, not the sweep's
 
     @_outage_tolerant
-    def on_trial_error(self, iteration, trials, trial, **info):
-        _, run_id, _ = self.run_for(trial.config)
+    def on_trial_error(self, iteration, trials, trial, **info):  # out of retries: the cell's run ends here
+        _, run_id, cell_dir = self.run_for(trial.config)
         self.tracker.client.set_tag(run_id, "last_error", str(getattr(trial, "error_file", "") or "error")[:500])
+        error = cell_dir / "error.txt"
+        self.tracker.set_status(run_id, "FAILED", error.read_text(errors="replace") if error.is_file() else None,
+                                end_ms=cell_end_ms(cell_dir))

@@ -13,6 +13,7 @@ answers again, and the end of the sweep logs every step, status and artifact tha
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -23,7 +24,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from trainer.reporting import log_params
+from trainer.labels import value_label
+from trainer.reporting import EXPERIMENT_KIND_TAG, MODEL_TRAINING, TRAINING_VIEW, log_params
 
 __all__ = [
     "EXPERIMENT_KIND_TAG",
@@ -37,10 +39,14 @@ __all__ = [
     "is_outage",
     "outage_reason",
     "runs_page",
+    "runs_view",
     "server_answers",
+    "share_runs_view",
 ]
 
-EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"  # MLflow 3 UI
+SHARED_VIEW_TAG = "mlflow.sharedViewState."  # MLflow UI: a stored runs-table view, opened by ?viewStateShareKey=
+RUNS_VIEW_KEY = "hdrope-runs"  # the sweep's runs-table view, stored as MLflow's shared view state of that key
+TABLE_METRICS = ("val_loss", "val_loss_x2", "passkey_acc")  # the runs table's columns, left to right
 
 
 def cell_run_name(identity: dict[str, Any], seed: int, values: dict[str, Any], seed_axes: list[str]) -> str:
@@ -50,15 +56,33 @@ def cell_run_name(identity: dict[str, Any], seed: int, values: dict[str, Any], s
         parts.append(f"θ{identity['theta']:g}")
     parts.append(f"s{seed}")
     skip = {"model.pe.kind", "model.pe.rotation_dim", "model.pe.basis", "model.pe.theta", *seed_axes}
-    parts += [f"{k.rsplit('.', 1)[-1]}{v}" for k, v in values.items() if k not in skip]
+    parts += [f"{k.rsplit('.', 1)[-1]}{value_label(v)}" for k, v in values.items() if k not in skip]
     return "-".join(parts)[:250]
 
 
-def runs_page(base_url: str, experiment_id: str, metric: str = "val_loss") -> str:
-    """The MLflow UI page of a sweep's runs: the model-training view (not the GenAI traces overview), every
-    cell's run listed flat (not folded under the parent) and ordered by `metric`, best first."""
-    return (f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
-            f"&orderByKey=metrics.%60{metric}%60&orderByAsc=true")
+def runs_view(metric: str = "val_loss", ascending: bool = True) -> dict[str, Any]:
+    """The runs table as a researcher wants it, in MLflow's shared-view-state format (what the UI's Share button
+    stores under the experiment tag `mlflow.sharedViewState.<key>`): the TABLE_METRICS and Duration as columns,
+    every run ordered by `metric` (which lists child runs flat, not folded under the parent)."""
+    return {"orderByKey": f"metrics.`{metric}`", "orderByAsc": ascending,
+            "selectedColumns": [*(f"metrics.`{m}`" for m in TABLE_METRICS), "attributes.`Duration`"],
+            "runsHiddenMode": "SHOW_ALL"}
+
+
+def share_runs_view(client: Any, experiment_id: str, metric: str = "val_loss", ascending: bool = True) -> str:
+    """Store `runs_view` on the experiment (a tag MLflow's UI reads by its key); returns the key."""
+    client.set_experiment_tag(experiment_id, SHARED_VIEW_TAG + RUNS_VIEW_KEY,
+                              json.dumps(runs_view(metric, ascending)))
+    return RUNS_VIEW_KEY
+
+
+def runs_page(base_url: str, experiment_id: str, view_key: str = RUNS_VIEW_KEY) -> str:
+    """The MLflow UI page of a sweep's runs: the model-training view (not the GenAI traces overview) in the stored
+    view `view_key` (see `share_runs_view`: metric columns, ordered by the sweep's metric, runs listed flat).
+
+    The page takes the order from the stored view only when the URL holds no order of its own."""
+    return (f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs?{TRAINING_VIEW}"
+            f"&viewStateShareKey={view_key}")
 
 
 def default_tracking_uri(root: Path) -> str:
@@ -219,14 +243,14 @@ class SweepTracker:
         self._runs[cell_id] = run_id
         return run_id
 
-    def set_status(self, run_id: str, status: str, error: str | None = None) -> None:
-        """RUNNING, FINISHED or FAILED (with the error as a tag)."""
+    def set_status(self, run_id: str, status: str, error: str | None = None, end_ms: int | None = None) -> None:
+        """RUNNING, FINISHED or FAILED (with the error as a tag), ended at end_ms (ms since the epoch; now if None)."""
         if error:
             self.client.set_tag(run_id, "error", error[:5000])
         if status == "RUNNING":
             self.client.update_run(run_id, status="RUNNING")
         else:
-            self.client.set_terminated(run_id, status)
+            self.client.set_terminated(run_id, status, end_time=end_ms)
 
     def log_metrics(self, run_id: str, step: int, metrics: dict[str, Any]) -> None:
         """Log every finite numeric metric of `step`, skipping any already logged at that step or later."""

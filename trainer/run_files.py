@@ -73,7 +73,29 @@ def read_result(run_dir: Path) -> dict[str, Any] | None:
     path = Path(run_dir) / RESULT_FILE
     if not path.is_file():
         return None
-    return _read_json(path, "result.json", "delete it and resume the run (`hdrope sweep resume` or `hdrope train`)")
+    fix = "delete it and resume the run (`hdrope sweep resume` or `hdrope train`)"
+    result = _read_json(path, "result.json", fix)
+    if (problem := _result_problem(result)) is not None:
+        raise UserError(f"{path}: result.json is corrupt ({problem}); {fix}")
+    return result
+
+
+def _result_problem(result: dict[str, Any]) -> str | None:
+    """What makes a parsed result.json not one the trainer wrote, or None."""
+    if not isinstance(result.get("config_hash"), str) or not result["config_hash"]:
+        return f"config_hash is {result.get('config_hash')!r}, not a config hash"
+    step = result.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return f"step is {step!r}, not a step count"
+    metrics = result.get("metrics")
+    if not isinstance(metrics, dict):
+        return f"metrics is {type(metrics).__name__}, not a mapping of metric names to numbers"
+    bad = {k: v for k, v in metrics.items()
+           if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v))}
+    if bad:
+        name, value = next(iter(bad.items()))
+        return f"metric {name} is {value!r}, not a finite number or null"
+    return None
 
 
 def read_lm_eval(run_dir: Path) -> dict[str, float]:
