@@ -14,6 +14,8 @@ import json
 import numpy as np
 import pandas as pd
 
+from trainer.labels import value_label
+
 __all__ = ["LABEL_KEYS", "THETA_KEY", "theta_text", "trained", "value_text", "variant_axes", "with_variants"]
 
 LABEL_KEYS = ("model.pe.kind", "model.pe.rotation_dim", "model.pe.basis")  # what pe_label already says
@@ -28,13 +30,14 @@ def variant_axes(results: pd.DataFrame) -> list[str]:
 
 
 def value_text(value: object) -> str:
-    """An axis value as a label: mappings (stored as JSON) as 'k=v k=v', anything else as str."""
+    """An axis value as a label: a mapping (stored as JSON) by its `trainer.labels.value_label`, as in the sweep's
+    cell ids and run names (e.g. 'SGD(lr=0.1, m=0.9, wd=0)'); anything else as str."""
     text = str(value)
     try:
         parsed = json.loads(text)
     except (TypeError, ValueError):
         parsed = None
-    return " ".join(f"{k}={v}" for k, v in parsed.items()) if isinstance(parsed, dict) else text
+    return value_label(parsed) if isinstance(parsed, dict) else text
 
 
 def _short(key: str, value: object) -> str:

@@ -127,8 +127,14 @@ def _lengths(p: dict[str, Any], m: int) -> dict[str, Any]:
     return {_ORIG: orig, "factor": m / orig}
 
 
+def _original_length(p: dict[str, Any], m: int) -> dict[str, Any]:
+    """dynamic / llama3: the original length defaults to the model's (HF `standardize_rope_params`)."""
+    return {_ORIG: m}
+
+
 _FROM_MODEL: dict[str, Callable[[dict[str, Any], int], dict[str, Any]]] = {
-    "dynamic": lambda p, m: {_ORIG: m},  # HF's dynamic NTK grows past max_position_embeddings
+    "dynamic": _original_length,  # HF's dynamic NTK grows past max_position_embeddings
+    "llama3": _original_length,
     "yarn": _lengths,
     "longrope": _lengths,  # so the attention factor follows from the two lengths, as in HF
 }

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ray import tune
 
-from sweeps.tracking import SweepTracker, cell_run_name
+from sweeps.tracking import ServerWatch, SweepTracker, cell_run_name, is_outage
 from sweeps.trainable import reported_metrics, resolve_cell
 from trainer.config import config_hash, flatten_config
+from trainer.labels import value_label
 from trainer.position import encoding_identity
+from trainer.run_files import RESULT_FILE
 
-__all__ = ["TrackingCallback", "trial_name"]
+__all__ = ["TrackingCallback", "cell_end_ms", "trial_name"]
 
 
 def trial_name(trial: Any, payload: dict[str, Any]) -> str:
@@ -22,8 +26,39 @@ def trial_name(trial: Any, payload: dict[str, Any]) -> str:
     return _run_name(payload, cfg, values)
 
 
+def cell_end_ms(run_dir: Path) -> int | None:
+    """When a cell's training ended (ms since the epoch): when its trainer wrote result.json, or error.txt for a
+    failed trial; None when it has neither (it never ended)."""
+    for name in (RESULT_FILE, "error.txt"):
+        try:
+            return int((Path(run_dir) / name).stat().st_mtime * 1000)
+        except OSError:
+            continue
+    return None
+
+
 def _run_name(payload: dict[str, Any], cfg: Any, values: dict[str, Any]) -> str:
     return cell_run_name(encoding_identity(cfg.model.pe), cfg.train.seed, values, payload.get("seed_axes", []))
+
+
+def _outage_tolerant(hook: Callable[..., None]) -> Callable[..., None]:
+    """A tracking hook that neither ends nor stalls the sweep while the tracking server is down: it is skipped
+    then, and the end of the sweep (runner._reconcile) logs what MLflow lacks from each cell's files."""
+
+    @functools.wraps(hook)
+    def guarded(self: TrackingCallback, *args: Any, **kwargs: Any) -> None:
+        if self.watch.skip():
+            return
+        from mlflow.exceptions import MlflowException
+
+        try:
+            hook(self, *args, **kwargs)
+        except MlflowException as err:
+            if not is_outage(err):
+                raise
+            self.watch.went_down(err)
+
+    return guarded
 
 
 class TrackingCallback(tune.Callback):
@@ -33,9 +68,17 @@ class TrackingCallback(tune.Callback):
         self.uri, self.payload = uri, payload
         self._tracker: SweepTracker | None = None
         self._resolved: dict[str, tuple[str, str, Path]] = {}
+        self._watch: ServerWatch | None = None
 
     def __getstate__(self) -> dict[str, Any]:  # Tune pickles callbacks with the experiment state
-        return {"uri": self.uri, "payload": self.payload, "_tracker": None, "_resolved": {}}
+        return {"uri": self.uri, "payload": self.payload, "_tracker": None, "_resolved": {}, "_watch": None}
+
+    @property
+    def watch(self) -> ServerWatch:
+        """Whether the tracking server is down (a callback restored from an older pickle has none yet)."""
+        if getattr(self, "_watch", None) is None:
+            self._watch = ServerWatch(self.uri)
+        return self._watch
 
     @property
     def tracker(self) -> SweepTracker:
@@ -53,27 +96,35 @@ class TrackingCallback(tune.Callback):
     def _resolve(self, trial_config: dict[str, Any]) -> tuple[str, str, Path]:
         cell_id, cfg, values = resolve_cell(self.payload, trial_config)
         cell = self.payload["cells"].get(cell_id, {})
-        tags = {"dedup_group": cell.get("group", ""), "axes": ", ".join(f"{k}={v}" for k, v in values.items())}
+        axes = ", ".join(f"{k}={value_label(v)}" for k, v in values.items())
+        tags = {"dedup_group": cell.get("group", ""), "axes": axes}
         identity = encoding_identity(cfg.model.pe)
         tags.update({k: str(v) for k, v in identity.items()})
         run_id = self.tracker.cell_run(cell_id, config_hash(cfg), flatten_config(cfg), tags,
                                        _run_name(self.payload, cfg, values))
         return cell_id, run_id, Path(cfg.train.out_dir)
 
+    @_outage_tolerant
     def on_trial_start(self, iteration, trials, trial, **info):
         _, run_id, _ = self.run_for(trial.config)
         self.tracker.set_status(run_id, "RUNNING")
 
+    @_outage_tolerant
     def on_trial_result(self, iteration, trials, trial, result, **info):
         _, run_id, _ = self.run_for(trial.config)
         if "step" in result:
             self.tracker.log_metrics(run_id, int(result["step"]), reported_metrics(result))
 
+    @_outage_tolerant
     def on_trial_complete(self, iteration, trials, trial, **info):
         _, run_id, cell_dir = self.run_for(trial.config)
         self.tracker.log_artifacts(run_id, cell_dir)
-        self.tracker.set_status(run_id, "FINISHED")
+        self.tracker.set_status(run_id, "FINISHED", end_ms=cell_end_ms(cell_dir))  # the cell's end, not the sweep's
 
-    def on_trial_error(self, iteration, trials, trial, **info):
-        _, run_id, _ = self.run_for(trial.config)
+    @_outage_tolerant
+    def on_trial_error(self, iteration, trials, trial, **info):  # out of retries: the cell's run ends here
+        _, run_id, cell_dir = self.run_for(trial.config)
         self.tracker.client.set_tag(run_id, "last_error", str(getattr(trial, "error_file", "") or "error")[:500])
+        error = cell_dir / "error.txt"
+        self.tracker.set_status(run_id, "FAILED", error.read_text(errors="replace") if error.is_file() else None,
+                                end_ms=cell_end_ms(cell_dir))

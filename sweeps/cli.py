@@ -150,7 +150,18 @@ def _results(a: argparse.Namespace) -> int:
     path = write_results(find_sweep(a.name, a.storage), Path(a.out) if a.out else None)
     print(results_text(path))
     print(f"\nwritten to {path}")
+    _warn_corrupt(path)
     return 0
+
+
+def _warn_corrupt(path: Path) -> None:
+    """Name every cell whose result could not be trusted (status CORRUPT: no metrics in the table), with the fix."""
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(path, columns=["cell_id", "status", "error"]).to_pylist()
+    for row in rows:
+        if row["status"] == "CORRUPT":
+            print(f"warning: cell {row['cell_id']}: {row['error']}", file=sys.stderr)
 
 
 def results_text(path: Path, width: int = 160) -> str:
@@ -221,10 +232,12 @@ def ui_main(argv: list[str]) -> int:
     p.add_argument("--storage", default=DEFAULT_STORAGE)
     p.add_argument("--tracking-uri", default="", help="a backend store URI instead of a sweep's")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; anything else exposes it)")
-    p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--port", type=int, default=5000, help="TCP port (default 5000; 0 picks a free one and prints it)")
     p.add_argument("--allowed-hosts", default="", help="MLflow's Host-header guard, e.g. 'lab-box,lab-box:5000' "
                    "(required with a --host other than loopback)")
     a = p.parse_args(argv)
+    if not 0 <= a.port <= 65535:
+        raise UserError(f"--port {a.port}: a TCP port is 1 to 65535 (0 picks a free one); e.g. --port 5000")
     if a.host not in LOOPBACK:
         if not a.allowed_hosts:
             raise UserError(f"--host {a.host} exposes the MLflow UI (no login) beyond this machine; pass "

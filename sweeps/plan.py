@@ -15,6 +15,7 @@ import math
 import os
 import re
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from hdrope.errors import UserError
 from sweeps.spec import SpecError, SweepSpec, check_name
 from trainer.config import RunConfig, config_errors, config_hash, metric_names
 from trainer.distributed import STRATEGIES
+from trainer.labels import value_label
 from trainer.position import dedup_pe
 from trainer.presets import merge_config, preset_layer
 
@@ -33,6 +35,8 @@ __all__ = ["ALIASES", "SEED_KEYS", "Cell", "Plan", "cell_config", "make_plan", "
 
 ALIASES = {"seed": "train.seed"}
 MAX_CELLS = 10_000  # a larger grid is almost surely a typo; plan refuses it before resolving a single cell
+RAY_RESOURCE_UNIT = 1e-4  # Ray's resource granularity (ray._private.ray_constants.MIN_RESOURCE_GRANULARITY)
+RAY_RESOURCE_MAX = (2**63 - 1) * RAY_RESOURCE_UNIT  # Ray counts resources as int64 multiples of its unit
 SEED_KEYS = ("train.seed", "model.pe.seed")  # replicate axes: a report averages over them, never groups by them
 _SLUG = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -97,11 +101,14 @@ def sweep_dir(spec: SweepSpec) -> Path:
 
 
 def _slug(values: dict[str, Any]) -> str:
+    """The axis values as a cell-id suffix; a mapping value by its label (`optimSGD_lr_0.1_m_0.9_wd_0`)."""
     parts = []
     for key, v in values.items():
         short = key.rsplit(".", 1)[-1]
-        text = f"{v:g}" if isinstance(v, float) else str(v)
-        parts.append(_SLUG.sub("_", f"{short}{text}"))
+        if isinstance(v, Mapping):
+            parts.append(_SLUG.sub("_", f"{short}{value_label(v)}").rstrip("_"))
+        else:
+            parts.append(_SLUG.sub("_", f"{short}{v:g}" if isinstance(v, float) else f"{short}{v}"))
     return "-".join(parts)
 
 
@@ -179,7 +186,7 @@ def _check_spec(spec: SweepSpec) -> list[str]:
     if not spec.resources.cpus > 0 or not spec.resources.gpus >= 0:
         p.append(f"resources: cpus must be > 0 and gpus >= 0, got cpus={spec.resources.cpus}, "
                  f"gpus={spec.resources.gpus}")
-    p += _worker_problems(spec.resources)
+    p += _worker_problems(spec.resources) + _granularity_problems(spec.resources)
     for key in ("max_concurrent", "max_failures", "checkpoint_every"):
         if getattr(spec, key) < 0:
             p.append(f"{key}={getattr(spec, key)}: must be >= 0")
@@ -215,6 +222,23 @@ def _worker_problems(r: Any) -> list[str]:
     if r.workers > 1 and r.gpus > 0:
         p.append(f"resources.gpus={r.gpus:g} with workers={r.workers}: the trial's own process trains nothing; "
                  "set resources.gpus_per_worker instead")
+    return p
+
+
+def _granularity_problems(r: Any) -> list[str]:
+    """Resource amounts Ray cannot schedule: a nonzero amount below its unit of 0.0001 (Ray refuses the request
+    once the trial starts), or one too large for its fixed-point counters."""
+    p: list[str] = []
+    for key in ("cpus", "gpus", "gpus_per_worker"):
+        value = getattr(r, key)
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            continue  # reported by the checks of signs and finite numbers
+        if 0 < value < RAY_RESOURCE_UNIT:
+            p.append(f"resources.{key}={value!r}: Ray schedules resources in units of {RAY_RESOURCE_UNIT:g}, so "
+                     f"this is no amount at all; use {'' if key == 'cpus' else '0 or '}at least {RAY_RESOURCE_UNIT:g}")
+        elif value > RAY_RESOURCE_MAX:
+            p.append(f"resources.{key}={value!r}: more than Ray can count ({RAY_RESOURCE_MAX:.3g}); give the "
+                     "amount one worker needs")
     return p
 
 

@@ -2,6 +2,9 @@
 
 - `exit_on_signals()`: SIGTERM, SIGINT and SIGHUP end the driver with exit code 128 + signal (143, 130,
   129) through SystemExit, so `finally` blocks and Ray's shutdown run.
+- `signals_held()`: while the embedded Ray starts, a first stop signal is held and ends the driver (128 +
+  signal) once `ray.init` has returned, so it never lands inside Ray's start-up (where Ray's own handlers
+  exited with 15 or 1, its C++ side aborted, or the signal was lost); a second signal ends it at once.
 - `start_watchdog()`: a small process (`python -m sweeps.procs PID`) that follows the driver's process
   tree and, when the driver dies without cleaning up (SIGKILL, OOM), stops every process it left (Ray's
   GCS, raylet, dashboard and runtime-env agents, workers). It exits on its own when the driver ends.
@@ -23,7 +26,7 @@ from collections.abc import Iterator
 
 import psutil
 
-__all__ = ["exit_on_signals", "loopback_ray", "signal_exit_codes", "start_watchdog", "stop_tree"]
+__all__ = ["exit_on_signals", "loopback_ray", "signal_exit_codes", "signals_held", "start_watchdog", "stop_tree"]
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -56,6 +59,34 @@ def signal_exit_codes() -> Iterator[None]:
         if _received:
             raise SystemExit(128 + _received[-1]) from None
         raise
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Within the block (Ray starting), hold a first stop signal until the block ends, then exit with 128 + signal;
+    a second signal exits at once. Ray's own SIGTERM handlers, which `ray.init` installs, are kept out."""
+    import ray._private.utils as ray_utils
+
+    held: list[int] = []
+
+    def _hold(signum: int, frame: object) -> None:
+        _received.append(signum)
+        if held:  # asked twice: stop now, wherever start-up is
+            raise SystemExit(128 + signum)
+        held.append(signum)
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in SIGNALS:
+            signal.signal(sig, _hold)
+    ray_handler = ray_utils.set_sigterm_handler
+    ray_utils.set_sigterm_handler = lambda handler: None  # ray.init would replace ours with sys.exit(15) or 1
+    try:
+        yield
+    finally:
+        ray_utils.set_sigterm_handler = ray_handler
+        exit_on_signals()
+    if held:
+        raise SystemExit(128 + held[0])
 
 
 @contextlib.contextmanager

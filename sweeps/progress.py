@@ -1,7 +1,8 @@
 """What a running sweep prints: one line per trial event, with the step of total and an ETA per trial.
 
 Tune's own console output (configuration boxes, per-trial result tables, a TensorBoard hint for a
-logger we do not use) is turned off; this callback prints instead, on the driver:
+logger we do not use) is turned off (`verbose=0` with Tune's classic output, `RAY_AIR_NEW_OUTPUT=0`,
+set by the runner); this callback prints instead, on the driver:
 
     [03:36:12] 4D-Paley-θ10000-s42   step    60/120   eta   35 s  train_loss 2.401   (2 running, 4 pending)
 """
@@ -21,10 +22,30 @@ __all__ = ["ProgressCallback", "quiet_logs"]
 SHOWN = ("train_loss", "val_loss", "passkey_acc")  # the metrics a progress line carries when a result has them
 
 
+class _DropNotice(logging.Filter):
+    """Drops the log records whose message starts with `prefix`."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefix)
+
+
+# Ray warns on every start that token auth is on: the lab keeps it on by design, so it says nothing to a researcher
+_TOKEN_NOTICE = ("ray._private.authentication.authentication_token_setup",
+                 "Token authentication is enabled for this Ray cluster")
+
+
 def quiet_logs() -> None:
-    """Silence INFO chatter that says nothing to a researcher (MLflow's schema set-up, Ray Train's checkpoint lines)."""
+    """Silence chatter that says nothing to a researcher (MLflow's schema set-up, Ray Train's checkpoint lines, Ray's
+    notice that token auth is on)."""
     for name in ("mlflow.store.db.utils", "alembic", "alembic.runtime.migration", "ray.train", "ray.tune"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    token_log = logging.getLogger(_TOKEN_NOTICE[0])
+    if not any(isinstance(f, _DropNotice) for f in token_log.filters):
+        token_log.addFilter(_DropNotice(_TOKEN_NOTICE[1]))
 
 
 def _eta(seconds: Any) -> str:
@@ -44,10 +65,13 @@ class ProgressCallback(tune.Callback):
     def __getstate__(self) -> dict[str, Any]:  # Tune pickles callbacks with the experiment state
         return {"every_s": self.every_s, "out": None, "_last": {}, "_width": 20}
 
-    def _print(self, trials: list[Any], text: str) -> None:
+    def _print(self, trials: list[Any], text: str, trial: Any = None, status: str | None = None) -> None:
+        """Print text with the trials' counts by status; `trial` counted as `status`, the state its event moves it
+        to (Tune calls on_trial_start before the trial is RUNNING and on_trial_complete before it is TERMINATED)."""
         counts: dict[str, int] = {}
         for t in trials:
-            counts[t.status] = counts.get(t.status, 0) + 1
+            now = status if t is trial and status else t.status
+            counts[now] = counts.get(now, 0) + 1
         state = ", ".join(f"{counts[k]} {label}" for k, label in
                           (("RUNNING", "running"), ("PENDING", "pending"), ("TERMINATED", "done"), ("ERROR", "failed"))
                           if counts.get(k))
@@ -58,7 +82,7 @@ class ProgressCallback(tune.Callback):
         return f"{trial!s:<{self._width}}"
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._print(trials, f"{self._name(trial)} started")
+        self._print(trials, f"{self._name(trial)} started", trial, "RUNNING")
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         now = time.monotonic()
@@ -76,7 +100,8 @@ class ProgressCallback(tune.Callback):
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         result = trial.last_result or {}
         done = self._step(result) if "step" in result else ""
-        self._print(trials, f"{self._name(trial)} finished {done}".rstrip())
+        self._print(trials, f"{self._name(trial)} finished {done}".rstrip(), trial, "TERMINATED")
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._print(trials, f"{self._name(trial)} FAILED (see `hdrope sweep logs`; error in {trial.error_file})")
+        self._print(trials, f"{self._name(trial)} FAILED (see `hdrope sweep logs`; error in {trial.error_file})",
+                    trial, "ERROR")

@@ -24,11 +24,14 @@ from trainer.run_files import RUN_FILE, read_lm_eval, read_result
 
 __all__ = ["axis_columns", "cell_rows", "planned_frame", "write_results"]
 
-def _status(cell_dir: Path) -> tuple[str, str | None, dict[str, Any]]:
+def _status(cell_dir: Path, config_hash: str | None) -> tuple[str, str | None, dict[str, Any]]:
     try:
         result = read_result(cell_dir)
     except UserError as err:
         return "CORRUPT", str(err), {}
+    if result is not None and config_hash and result["config_hash"] != config_hash:
+        return "CORRUPT", (f"{cell_dir / 'result.json'}: result.json is of config {result['config_hash']}, not of this "
+                           f"cell's {config_hash}; delete it and resume the sweep (`hdrope sweep resume`)"), {}
     if result is not None:
         return "FINISHED", None, result
     error = cell_dir / "error.txt"
@@ -60,8 +63,10 @@ def planned_frame(plan) -> Any:
 
 
 def _row(name: str, cell_id: str, trained_dir: Path, cfg, dedup_of: str | None, config_hash: str | None,
-         values: dict[str, Any]) -> dict[str, Any]:
-    status, error, result = _status(trained_dir)
+         values: dict[str, Any], trained_hash: str | None = None) -> dict[str, Any]:
+    """A cell's row; its metrics come from trained_dir, the run of config trained_hash (its own or its dedup
+    representative's)."""
+    status, error, result = _status(trained_dir, trained_hash)
     metrics = result.get("metrics") or {}
     if status == "FINISHED":
         try:
@@ -91,9 +96,11 @@ def cell_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
     from omegaconf import OmegaConf
 
     root = Path(payload["root"])
+    cells = payload["cells"]
     rows = [_row(payload["name"], cell_id, root / "cells" / (cell["dedup_of"] or cell_id),
-                 _run_config(cell["config"]), cell["dedup_of"], cell["config_hash"], cell["values"])
-            for cell_id, cell in payload["cells"].items()]
+                 _run_config(cell["config"]), cell["dedup_of"], cell["config_hash"], cell["values"],
+                 cells.get(cell["dedup_of"] or cell_id, {}).get("config_hash"))
+            for cell_id, cell in cells.items()]
     for cell_dir in sorted((root / "cells").glob("t-*")):  # Optuna trials, named by their sampled values
         if (cell_dir / "config.yaml").is_file():
             cfg = _run_config((cell_dir / "config.yaml").read_text())

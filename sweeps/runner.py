@@ -22,15 +22,27 @@ from omegaconf import OmegaConf
 
 from hdrope.errors import UserError
 from sweeps.plan import Plan, local_gpus, make_plan
-from sweeps.procs import exit_on_signals, loopback_ray, signal_exit_codes, start_watchdog
+from sweeps.procs import exit_on_signals, loopback_ray, signal_exit_codes, signals_held, start_watchdog
 from sweeps.results import cell_rows, write_results
 from sweeps.spec import SweepSpec, check_name, load_spec
-from sweeps.tracking import SweepTracker, default_tracking_uri, git_commit
+from sweeps.tracking import (
+    ServerWatch,
+    SweepTracker,
+    default_tracking_uri,
+    git_commit,
+    is_outage,
+    outage_reason,
+    runs_page,
+    share_runs_view,
+)
 from sweeps.trainable import plan_payload, read_payload, run_trial
-from trainer.reporting import check_tracking_uri
+from trainer.dir_lock import hold_dir_lock
+from trainer.reporting import check_tracking_uri, quiet_mlflow_links
 from trainer.run_files import METRICS_FILE, read_metrics, write_json_atomic
 
 __all__ = ["find_sweep", "prepare", "resume_sweep", "run_sweep", "write_plan"]
+
+RECONCILE_WAIT_S = 600.0  # how long the end of a sweep waits for a tracking server that does not answer
 
 
 def prepare(spec_path: str, overrides: list[str] | None = None) -> Plan:
@@ -40,15 +52,20 @@ def prepare(spec_path: str, overrides: list[str] | None = None) -> Plan:
 
 
 def write_plan(plan: Plan) -> dict[str, Any]:
-    """Write spec.yaml and plan.json into the plan's sweep directory (refusing a different plan under the same name)."""
+    """Write spec.yaml and plan.json into the plan's sweep directory (refusing a different plan under the same name).
+
+    A plan stored by an older version whose cells have the same configs in the same order under other ids (cell
+    ids of mapping axes were Python reprs) keeps its stored ids, so its cell directories stay in use."""
     payload = plan_payload(plan)
     plan.root.mkdir(parents=True, exist_ok=True)
     plan_file = plan.root / "plan.json"
     if plan_file.is_file():
         old = read_payload(plan.root)
-        if {k: v["config_hash"] for k, v in old["cells"].items()} != {
-            k: v["config_hash"] for k, v in payload["cells"].items()
-        }:
+        hashes = {k: v["config_hash"] for k, v in payload["cells"].items()}
+        old_hashes = {k: v["config_hash"] for k, v in old["cells"].items()}
+        if old_hashes != hashes and list(old_hashes.values()) == list(hashes.values()):
+            payload["cells"] = old["cells"]
+        elif old_hashes != hashes:
             raise UserError(
                 f"sweep {plan.spec.name!r} already exists at {plan.root} with a different plan; "
                 "give the new sweep another name, or finish the old one with `hdrope sweep resume`"
@@ -74,12 +91,14 @@ def find_sweep(name: str, storage: str = "runs/sweeps") -> dict[str, Any]:
 def _init_ray(address: str | None, spec: SweepSpec) -> bool:
     """Join the cluster at `address`, or start an embedded single-node Ray on loopback; True if started here.
 
-    The embedded Ray binds 127.0.0.1 only, keeps token auth on (Ray's default), lives under
-    $HDROPE_RAY_TMPDIR when set, and is watched: if this driver is killed, its processes are stopped."""
+    The embedded Ray binds 127.0.0.1 only, keeps token auth on (Ray's default), lives under $HDROPE_RAY_TMPDIR
+    when set (else Ray's /tmp/ray), and is watched: if this driver is killed, its processes are stopped. A stop
+    signal while Ray starts ends the driver once it has started (128 + signal, Ray shut down again), never
+    inside Ray's start-up."""
     import ray
 
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "1")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0 Tune prints nothing (no configuration box)
     os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")  # Ctrl-C ends the driver (exit 130); resume finishes
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")  # frequent ckpts are fine
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # only the JSON log added below: no TensorBoard
@@ -88,15 +107,19 @@ def _init_ray(address: str | None, spec: SweepSpec) -> bool:
     kwargs: dict[str, Any] = {"dashboard_host": "127.0.0.1", "log_to_driver": True, "configure_logging": True,
                               "logging_level": "warning"}
     if address:
-        ray.init(address=address, **kwargs)
-        exit_on_signals()  # ray.init replaced the SIGTERM handler with an exit code of 15
+        with signals_held():
+            ray.init(address=address, **kwargs)
         return False
     if os.environ.get("HDROPE_RAY_TMPDIR"):
         kwargs["_temp_dir"] = os.environ["HDROPE_RAY_TMPDIR"]
     start_watchdog()
-    with loopback_ray() as loopback:
-        ray.init(**kwargs, **loopback)
-    exit_on_signals()
+    try:
+        with loopback_ray() as loopback, signals_held():
+            ray.init(**kwargs, **loopback)
+    except SystemExit:  # stopped while Ray started: what the lab starts, it stops
+        if ray.is_initialized():
+            ray.shutdown()
+        raise
     return True
 
 
@@ -205,7 +228,7 @@ def _reconcile(payload: dict[str, Any], uri: str) -> tuple[int, list[str]]:
     error, dedup cells the history of the cell that trained for them (with their own config).
 
     Returns (cells finished, failed cell ids)."""
-    from sweeps.callback import TrackingCallback
+    from sweeps.callback import TrackingCallback, cell_end_ms
 
     cb = TrackingCallback(uri, payload)
     tracker = cb.tracker
@@ -221,26 +244,60 @@ def _reconcile(payload: dict[str, Any], uri: str) -> tuple[int, list[str]]:
             tracker.log_history(run_id, read_metrics(Path(row["run_dir"]) / METRICS_FILE))
             if row["dedup_of"]:
                 tracker.client.set_tag(run_id, "dedup_of", row["dedup_of"])
-                tracker.log_artifacts(run_id, _dedup_cell_dir(payload, row))
-            tracker.set_status(run_id, "FINISHED")
+            # a trained cell's artifacts too: the live callback skipped them if its server was down then
+            tracker.log_artifacts(run_id, _dedup_cell_dir(payload, row) if row["dedup_of"] else Path(row["run_dir"]))
+            # a run ends when its cell ended (a dedup copy, made here, when it is made), not when the sweep does
+            end = None if row["dedup_of"] else cell_end_ms(Path(row["run_dir"]))
+            tracker.set_status(run_id, "FINISHED", end_ms=end)
             finished += 1
         else:
             failed.append(row["cell_id"])
-            tracker.set_status(run_id, "FAILED", row["error"] or "the trial did not finish")
+            tracker.set_status(run_id, "FAILED", row["error"] or "the trial did not finish",
+                               end_ms=cell_end_ms(Path(row["run_dir"])))
     parent = tracker.parent_run()
     tracker.client.set_tag(parent, "failed_cells", ",".join(failed) or "none")
     tracker.set_status(parent, "FINISHED" if not failed else "FAILED")
     return finished, failed
 
 
+def _reconcile_when_up(payload: dict[str, Any], uri: str) -> tuple[int, list[str]]:
+    """`_reconcile`, waiting up to RECONCILE_WAIT_S in all for a tracking server that does not answer."""
+    from mlflow.exceptions import MlflowException
+
+    watch, deadline = ServerWatch(uri), time.monotonic() + RECONCILE_WAIT_S
+    while True:
+        try:
+            return _reconcile(payload, uri)
+        except MlflowException as err:
+            if not is_outage(err):
+                raise
+            # (a server whose database is down answers /health: the deadline still holds)
+            watch.went_down(err, f"waiting up to {RECONCILE_WAIT_S:.0f} s to log what MLflow lacks")
+            if time.monotonic() >= deadline or not watch.wait(deadline - time.monotonic()):
+                raise UserError(f"tracking_uri {uri}: the MLflow server did not answer for {RECONCILE_WAIT_S:.0f} s "
+                                f"at the end of sweep {payload['name']!r}, so MLflow lacks some of its metrics; every "
+                                f"cell's results are in {Path(payload['root']) / 'results.parquet'}; once the server "
+                                f"answers, `hdrope sweep resume {payload['root']}` logs what MLflow lacks") from None
+
+
 def _execute(payload: dict[str, Any], spec: SweepSpec, address: str | None, uri: str, restore: bool) -> int:
+    from mlflow.exceptions import MlflowException
+
     from sweeps.progress import quiet_logs
 
     quiet_logs()
-    tracker = SweepTracker(uri, spec.name, Path(payload["root"]) / "artifacts")
-    tracker.describe(spec.description, {"sweep": spec.name, "git_commit": git_commit(), "base": spec.base,
-                                        "axes": ", ".join(payload.get("axes", []))})
-    tracker.parent_run({"spec": payload["spec"][:6000], "cells": len(payload["cells"])})
+    quiet_mlflow_links()  # MLflow's per-run links open the GenAI view; the summary links the runs page instead
+    try:
+        tracker = SweepTracker(uri, spec.name, Path(payload["root"]) / "artifacts")
+        tracker.describe(spec.description, {"sweep": spec.name, "git_commit": git_commit(), "base": spec.base,
+                                            "axes": ", ".join(payload.get("axes", []))})
+        share_runs_view(tracker.client, tracker.experiment_id, spec.search.metric, spec.search.mode == "min")
+        tracker.parent_run({"spec": payload["spec"][:6000], "cells": len(payload["cells"])})
+    except MlflowException as err:
+        if not is_outage(err):
+            raise
+        raise UserError(f"tracking_uri {uri}: the MLflow server does not answer ({outage_reason(err)}); start it, or "
+                        "point the spec's tracking_uri (or --tracking-uri) at one that runs") from None
     with signal_exit_codes():  # a stop signal ends the driver with 128 + signal wherever it lands
         started = _init_ray(address, spec)
         try:
@@ -266,10 +323,14 @@ def _fit_and_reconcile(payload: dict[str, Any], spec: SweepSpec, uri: str, resto
     finally:
         if old_cwd and os.path.isdir(old_cwd):
             os.chdir(old_cwd)
-    finished, failed = _reconcile(payload, uri)
-    path = write_results(payload)
+    path = write_results(payload)  # first: a tracking server that is down does not hold the results back
+    finished, failed = _reconcile_when_up(payload, uri)
+    if uri.startswith(("http://", "https://")):
+        where = runs_page(uri, SweepTracker(uri, spec.name).experiment_id)
+    else:
+        where = f"hdrope ui {payload['root']}"
     print(f"sweep {spec.name}: {finished} cells finished, {len(failed)} failed in {time.monotonic() - started:.0f} s; "
-          f"results {path}; MLflow: hdrope ui {payload['root']}", file=sys.stderr)
+          f"results {path}; MLflow: {where}", file=sys.stderr)
     return 1 if failed else 0
 
 
@@ -291,13 +352,14 @@ def run_sweep(spec_path: str, overrides: list[str] | None = None, address: str |
                         f"{local_gpus()} GPUs for the embedded Ray: every trial would wait forever; run with --address "
                         "on a cluster that fits a trial, or lower resources.workers, cpus, gpus or gpus_per_worker")
     uri = _uri(plan.spec, plan.root, tracking_uri)
-    payload = write_plan(plan)
-    restore = (plan.root / "ray" / "tune").is_dir()
-    if not restore:
-        from sweeps.estimate import estimate_text
+    with hold_dir_lock(plan.root, "hdrope sweep run"):  # one driver per sweep directory
+        payload = write_plan(plan)
+        restore = (plan.root / "ray" / "tune").is_dir()
+        if not restore:
+            from sweeps.estimate import estimate_text
 
-        print(estimate_text(plan), file=sys.stderr, flush=True)
-    return _execute(payload, plan.spec, address, uri, restore)
+            print(estimate_text(plan), file=sys.stderr, flush=True)
+        return _execute(payload, plan.spec, address, uri, restore)
 
 
 def resume_sweep(name: str, storage: str = "runs/sweeps", address: str | None = None,
@@ -307,4 +369,6 @@ def resume_sweep(name: str, storage: str = "runs/sweeps", address: str | None = 
     payload = find_sweep(name, storage)
     spec = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SweepSpec), OmegaConf.create(payload["spec"])))
     root = Path(payload["root"])
-    return _execute(payload, spec, address, _uri(spec, root, tracking_uri), restore=True)
+    uri = _uri(spec, root, tracking_uri)
+    with hold_dir_lock(root, "hdrope sweep resume"):  # never beside the sweep's running driver
+        return _execute(payload, spec, address, uri, restore=True)

@@ -5,29 +5,48 @@ cell tagged (sweep, cell_id, config_hash). `cell_run` finds before it creates, s
 driver or a retried trial reuses the same run. Every numeric metric the trainer reports is logged
 at the step it was computed; one already logged at a step is not logged again when a trial replays
 steps after restoring a checkpoint, or when the end of a sweep copies a cell's metrics.jsonl.
+
+A tracking server that goes down neither ends nor stalls a sweep: a request is retried for about 10 s
+(`bound_http_retries`), then the driver carries on without logging (`ServerWatch`) until the server
+answers again, and the end of the sweep logs every step, status and artifact that MLflow lacks.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import re
 import subprocess
+import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
-from trainer.reporting import log_params
+from trainer.labels import value_label
+from trainer.reporting import EXPERIMENT_KIND_TAG, MODEL_TRAINING, TRAINING_VIEW, log_params
 
 __all__ = [
     "EXPERIMENT_KIND_TAG",
     "MODEL_TRAINING",
+    "ServerWatch",
     "SweepTracker",
+    "bound_http_retries",
     "cell_run_name",
     "default_tracking_uri",
     "git_commit",
+    "is_outage",
+    "outage_reason",
     "runs_page",
+    "runs_view",
+    "server_answers",
+    "share_runs_view",
 ]
 
-EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"  # MLflow 3 UI
+SHARED_VIEW_TAG = "mlflow.sharedViewState."  # MLflow UI: a stored runs-table view, opened by ?viewStateShareKey=
+RUNS_VIEW_KEY = "hdrope-runs"  # the sweep's runs-table view, stored as MLflow's shared view state of that key
+TABLE_METRICS = ("val_loss", "val_loss_x2", "passkey_acc")  # the runs table's columns, left to right
 
 
 def cell_run_name(identity: dict[str, Any], seed: int, values: dict[str, Any], seed_axes: list[str]) -> str:
@@ -37,15 +56,33 @@ def cell_run_name(identity: dict[str, Any], seed: int, values: dict[str, Any], s
         parts.append(f"θ{identity['theta']:g}")
     parts.append(f"s{seed}")
     skip = {"model.pe.kind", "model.pe.rotation_dim", "model.pe.basis", "model.pe.theta", *seed_axes}
-    parts += [f"{k.rsplit('.', 1)[-1]}{v}" for k, v in values.items() if k not in skip]
+    parts += [f"{k.rsplit('.', 1)[-1]}{value_label(v)}" for k, v in values.items() if k not in skip]
     return "-".join(parts)[:250]
 
 
-def runs_page(base_url: str, experiment_id: str, metric: str = "val_loss") -> str:
-    """The MLflow UI page of a sweep's runs: the model-training view (not the GenAI traces overview), every
-    cell's run listed flat (not folded under the parent) and ordered by `metric`, best first."""
-    return (f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
-            f"&orderByKey=metrics.%60{metric}%60&orderByAsc=true")
+def runs_view(metric: str = "val_loss", ascending: bool = True) -> dict[str, Any]:
+    """The runs table as a researcher wants it, in MLflow's shared-view-state format (what the UI's Share button
+    stores under the experiment tag `mlflow.sharedViewState.<key>`): the TABLE_METRICS and Duration as columns,
+    every run ordered by `metric` (which lists child runs flat, not folded under the parent)."""
+    return {"orderByKey": f"metrics.`{metric}`", "orderByAsc": ascending,
+            "selectedColumns": [*(f"metrics.`{m}`" for m in TABLE_METRICS), "attributes.`Duration`"],
+            "runsHiddenMode": "SHOW_ALL"}
+
+
+def share_runs_view(client: Any, experiment_id: str, metric: str = "val_loss", ascending: bool = True) -> str:
+    """Store `runs_view` on the experiment (a tag MLflow's UI reads by its key); returns the key."""
+    client.set_experiment_tag(experiment_id, SHARED_VIEW_TAG + RUNS_VIEW_KEY,
+                              json.dumps(runs_view(metric, ascending)))
+    return RUNS_VIEW_KEY
+
+
+def runs_page(base_url: str, experiment_id: str, view_key: str = RUNS_VIEW_KEY) -> str:
+    """The MLflow UI page of a sweep's runs: the model-training view (not the GenAI traces overview) in the stored
+    view `view_key` (see `share_runs_view`: metric columns, ordered by the sweep's metric, runs listed flat).
+
+    The page takes the order from the stored view only when the URL holds no order of its own."""
+    return (f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs?{TRAINING_VIEW}"
+            f"&viewStateShareKey={view_key}")
 
 
 def default_tracking_uri(root: Path) -> str:
@@ -63,6 +100,86 @@ def git_commit() -> str:
         return "unknown"
 
 
+# MLflow's HTTP client retries a failed request for about 4 minutes by default, which would stall the whole sweep
+# (Tune's loop runs the tracking callback) at each request while a server restarts: 3 retries, 0 + 2 + 4 s apart.
+HTTP_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+
+
+def bound_http_retries() -> None:
+    """Bound how long this process's MLflow client retries a request to a server that does not answer (about 10 s),
+    unless the user set MLflow's own variables."""
+    for key, value in HTTP_RETRIES.items():
+        os.environ.setdefault(key, value)
+
+
+def is_outage(err: BaseException) -> bool:
+    """Whether an MLflow error is the tracking server not answering (refused, timed out, or still failing with a
+    5xx after the client's retries), rather than a request that the server answered and refused."""
+    import requests
+    from mlflow.exceptions import MlflowException
+
+    cause = err.__cause__ or err.__context__
+    return isinstance(err, MlflowException) and isinstance(cause, requests.exceptions.RequestException)
+
+
+def outage_reason(err: BaseException) -> str:
+    """What an outage error comes down to, short: e.g. "[Errno 111] Connection refused" or "ReadTimeout"."""
+    found = re.search(r"\[Errno -?\d+\] [^'\")(]+", str(err))
+    return found.group(0).strip() if found else type(err.__cause__ or err.__context__ or err).__name__
+
+
+def server_answers(uri: str, timeout: float = 2.0) -> bool:
+    """Whether the tracking server at an http(s) URI answers its health check (any other store: True)."""
+    if not uri.startswith(("http://", "https://")):
+        return True
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+class ServerWatch:
+    """Whether the tracking server is down, for a writer that must neither stop nor stall while it is: after an
+    outage, `skip()` is true (at most one health check every `probe_every_s`) until the server answers again."""
+
+    def __init__(self, uri: str, probe_every_s: float = 5.0) -> None:
+        self.uri, self.probe_every_s = uri, probe_every_s
+        self.down_since: float | None = None
+        self._probed = 0.0
+
+    def went_down(self, err: BaseException, then: str = "the sweep goes on, and what it could not log is logged "
+                  "once the server answers, at the latest when the sweep ends") -> None:
+        """Record an outage (one line on stderr when it starts, saying what happens `then`)."""
+        if self.down_since is None:
+            self.down_since = self._probed = time.monotonic()
+            print(f"MLflow at {self.uri} does not answer ({outage_reason(err)}); {then}", file=sys.stderr, flush=True)
+
+    def skip(self) -> bool:
+        """True while the server is known to be down."""
+        if self.down_since is None:
+            return False
+        now = time.monotonic()
+        if now - self._probed < self.probe_every_s:
+            return True
+        self._probed = now
+        if not server_answers(self.uri):
+            return True
+        print(f"MLflow at {self.uri} answers again after {now - self.down_since:.0f} s", file=sys.stderr, flush=True)
+        self.down_since = None
+        return False
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block until the server answers (True) or timeout_s passes (False)."""
+        deadline = time.monotonic() + timeout_s
+        while not server_answers(self.uri):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))  # nothing else to do: check every second
+        self.down_since = None
+        return True
+
+
 class SweepTracker:
     """Find-or-create parent and cell runs of one sweep and log into them."""
 
@@ -70,6 +187,8 @@ class SweepTracker:
         import mlflow
 
         self.uri, self.sweep = uri, sweep
+        if uri.startswith(("http://", "https://")):
+            bound_http_retries()
         self.client = mlflow.MlflowClient(uri)
         exp = self.client.get_experiment_by_name(sweep)
         if exp is None:  # a local store keeps artifacts in the sweep dir, not in ./mlruns of whoever ran it
@@ -88,15 +207,20 @@ class SweepTracker:
         for key, value in {**kind, **note, **tags}.items():
             self.client.set_experiment_tag(self.experiment_id, key, str(value)[:5000])
 
-    def _find(self, **tags: str) -> str | None:
+    def _find(self, params: dict[str, Any], **tags: str) -> str | None:
+        """The run with these tags; params it lacks (its creator was cut off before logging them) are logged."""
         query = " and ".join(f"tags.{k} = '{v}'" for k, v in tags.items())
         found = self.client.search_runs([self.experiment_id], filter_string=query, max_results=2)
-        return found[0].info.run_id if found else None
+        if not found:
+            return None
+        run = found[0]
+        log_params(self.client, run.info.run_id, {k: v for k, v in params.items() if k not in run.data.params})
+        return run.info.run_id
 
     def parent_run(self, params: dict[str, Any] | None = None) -> str:
         """The sweep's parent run, created on first use."""
         if "__parent__" not in self._runs:
-            run_id = self._find(sweep=self.sweep, role="parent")
+            run_id = self._find(params or {}, sweep=self.sweep, role="parent")
             if run_id is None:
                 tags = {"sweep": self.sweep, "role": "parent", "git_commit": git_commit()}
                 run_id = self.client.create_run(self.experiment_id, run_name=self.sweep, tags=tags).info.run_id
@@ -109,7 +233,7 @@ class SweepTracker:
         """The one run of a cell: found by its tags, or created (with all params) under the parent."""
         if cell_id in self._runs:
             return self._runs[cell_id]
-        run_id = self._find(sweep=self.sweep, cell_id=cell_id)
+        run_id = self._find(params, sweep=self.sweep, cell_id=cell_id)
         if run_id is None:
             all_tags = {"sweep": self.sweep, "role": "cell", "cell_id": cell_id, "config_hash": config_hash,
                         "git_commit": git_commit(), "mlflow.parentRunId": self.parent_run(), **tags}
@@ -119,14 +243,14 @@ class SweepTracker:
         self._runs[cell_id] = run_id
         return run_id
 
-    def set_status(self, run_id: str, status: str, error: str | None = None) -> None:
-        """RUNNING, FINISHED or FAILED (with the error as a tag)."""
+    def set_status(self, run_id: str, status: str, error: str | None = None, end_ms: int | None = None) -> None:
+        """RUNNING, FINISHED or FAILED (with the error as a tag), ended at end_ms (ms since the epoch; now if None)."""
         if error:
             self.client.set_tag(run_id, "error", error[:5000])
         if status == "RUNNING":
             self.client.update_run(run_id, status="RUNNING")
         else:
-            self.client.set_terminated(run_id, status)
+            self.client.set_terminated(run_id, status, end_time=end_ms)
 
     def log_metrics(self, run_id: str, step: int, metrics: dict[str, Any]) -> None:
         """Log every finite numeric metric of `step`, skipping any already logged at that step or later."""
@@ -134,33 +258,62 @@ class SweepTracker:
 
         now = int(time.time() * 1000)
         batch = []
-        for k, v in metrics.items():
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                continue
+        for k, v in _finite(metrics).items():
             key = (run_id, k)
             if key not in self._last_step:
                 hist = self.client.get_metric_history(run_id, k)
                 self._last_step[key] = max((m.step for m in hist), default=-1)
-            if step <= self._last_step[key]:
-                continue
-            self._last_step[key] = step
-            batch.append(Metric(k, float(v), now, step))
-        for i in range(0, len(batch), 1000):
-            self.client.log_batch(run_id, metrics=batch[i : i + 1000])
+            if step > self._last_step[key]:
+                batch.append(Metric(k, v, now, step))
+        self._log_batch(run_id, batch)
 
     def log_history(self, run_id: str, records: list[dict[str, Any]]) -> None:
-        """Log a run's metrics.jsonl records (each at its own step), skipping what is already logged."""
+        """Log a run's metrics.jsonl records (each at its own step), every (metric, step) that MLflow lacks: also
+        the steps before the last logged one that the live logging missed (its server was down)."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        logged: dict[str, set[int]] = {}
+        batch = []
         for rec in records:
-            self.log_metrics(run_id, int(rec["step"]), {k: v for k, v in rec.items() if k != "step"})
+            step = int(rec["step"])
+            for k, v in _finite({k: v for k, v in rec.items() if k != "step"}).items():
+                if k not in logged:
+                    logged[k] = {m.step for m in self.client.get_metric_history(run_id, k)}
+                if step not in logged[k]:
+                    logged[k].add(step)
+                    batch.append(Metric(k, v, now, step))
+        self._log_batch(run_id, batch)
+
+    def _log_batch(self, run_id: str, batch: list[Any]) -> None:
+        """Log metrics in MLflow's batches of 1000; a metric's last logged step counts once its batch is stored."""
+        for i in range(0, len(batch), 1000):
+            chunk = batch[i : i + 1000]
+            self.client.log_batch(run_id, metrics=chunk)
+            for m in chunk:
+                key = (run_id, m.key)
+                self._last_step[key] = max(m.step, self._last_step.get(key, -1))
 
     def log_artifacts(self, run_id: str, cell_dir: Path) -> None:
-        """Config, eval tables, attention dumps and a reference to the final checkpoint."""
+        """Config, eval tables, attention dumps and a reference to the final checkpoint (files already logged are
+        kept, so a second call logs only what the first could not)."""
         files = {"config.yaml": "config", "result.json": "result", "dedup.json": "result", "passkey.parquet": "eval",
                  "metrics.jsonl": "result", "attention/attention.parquet": "attention",
                  "attention/logit_profile.parquet": "attention"}
+        present: dict[str, set[str]] = {}
         for rel, kind in files.items():
-            if (cell_dir / rel).is_file():
+            if not (cell_dir / rel).is_file():
+                continue
+            if kind not in present:
+                present[kind] = {a.path for a in self.client.list_artifacts(run_id, kind)}
+            if f"{kind}/{Path(rel).name}" not in present[kind]:
                 self.client.log_artifact(run_id, str(cell_dir / rel), artifact_path=kind)
         ckpts = sorted((cell_dir / "checkpoints").glob("step_*"))
         if ckpts:
             self.client.set_tag(run_id, "final_checkpoint", str(ckpts[-1]))
+
+
+def _finite(metrics: dict[str, Any]) -> dict[str, float]:
+    """The finite numeric values of a record (booleans, strings and NaN/inf left out)."""
+    return {k: float(v) for k, v in metrics.items()
+            if not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)}

@@ -44,6 +44,17 @@ def write(rel: str, data: str | bytes) -> Setup:
     return setup
 
 
+def edit(rel: str, old: str, new: str) -> Setup:
+    """Replace old (which must be there) by new in tmp/rel."""
+
+    def setup(tmp: Path) -> None:
+        text = (tmp / rel).read_text()
+        assert old in text
+        (tmp / rel).write_text(text.replace(old, new))
+
+    return setup
+
+
 def append_line(text: str) -> Setup:
     """Add a line to the dataset's JSONL file (its line 2)."""
 
@@ -110,6 +121,24 @@ CASES = [
      f"{{ckpt}}: state.json is unreadable (missing or malformed step, python_rng, numpy_rng); {DELETE_CKPT}"),
     ("ckpt-state-json-garbage", tampered("state.json", "garbage"), EVAL,
      f"{{ckpt}}: state.json is unreadable (not JSON: Expecting value: line 1 column 1 (char 0)); {DELETE_CKPT}"),
+    # hdrope export: OUT_DIR, and a run whose config.yaml was spoiled after training
+    ("export-out-is-a-file", write("afile.txt", "x"), ["export", "{ckpt}", "{tmp}/afile.txt"],
+     "OUT_DIR {tmp}/afile.txt: is a file, not a directory"),
+    ("export-out-under-a-file", write("afile.txt", "x"), ["export", "{ckpt}", "{tmp}/afile.txt/hf"],
+     "OUT_DIR {tmp}/afile.txt/hf: is under the file {tmp}/afile.txt, not a directory"),
+    ("export-config-not-yaml", write("run/config.yaml", "model: [1, 2\n"), ["export", "{ckpt}", "{tmp}/hf"],
+     "{tmp}/run/config.yaml: not valid YAML: while parsing a flow sequence; the run's config.yaml is damaged"),
+    ("export-config-edited-after-training", edit("run/config.yaml", "basis: paley", "basis: identity"),
+     ["export", "{ckpt}", "{tmp}/hf"], "config.yaml (or the run's tokenizer) was changed after training; restore "
+                                       "the config.yaml the run wrote"),
+    ("passkey-eval-config-edited-after-training", edit("run/config.yaml", "basis: paley", "basis: identity"), EVAL,
+     "config.yaml (or the run's tokenizer) was changed after training"),
+    # hdrope train: what no encoding can be built with, and torchrun's environment
+    ("train-fope-keeps-no-frequency", nothing, ["train", "tiny", "model.pe.kind=fope", "model.max_seq_len=4"],
+     "model.max_seq_len=4: FoPE keeps only frequencies that finish a period within the train length"),
+    ("train-pe-null", nothing, ["train", "tiny", "model.pe=null"], "model.pe=None: must be a mapping with a kind"),
+    ("train-tables-too-large", nothing, ["train", "tiny", "model.max_seq_len=100000000"],
+     "model.max_seq_len=100000000: the position tables of 100000000 positions × head_dim 32 take about 83.4 GiB"),
     # hdrope theory
     ("theory-train-len-negative", nothing, [*THEORY, "--train-len", "-5"], "--train-len -5: must be a positive number"),
     ("theory-max-distance-zero", nothing, [*THEORY, "--max-distance", "0"], "--max-distance 0: must be a positive"),

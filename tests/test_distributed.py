@@ -8,6 +8,7 @@ directory, and checkpoints are the single-process format: a 2-worker run resumes
 
 import json
 import os
+import re
 import shutil
 import socket
 from pathlib import Path
@@ -131,3 +132,47 @@ def test_hdrope_train_under_torchrun_equals_one_process(tiny_cfg, tmp_path, cach
     two_losses = [r["train_loss"] for r in read_metrics(tmp_path / "two" / METRICS_FILE) if "train_loss" in r]
     one_losses = [r["train_loss"] for r in read_metrics(tmp_path / "one" / METRICS_FILE) if "train_loss" in r]
     assert two_losses == pytest.approx(one_losses, rel=1e-5) and len(two_losses) == 2
+
+
+def test_torchrun_variables_are_checked_and_the_timeout_is_read_from_the_environment():
+    from hdrope.errors import UserError
+    from trainer.distributed import TorchrunEnv, rendezvous_timeout, torchrun_env
+
+    ok = {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    assert torchrun_env(ok) == TorchrunEnv(1, 2, "127.0.0.1", 29500)
+    assert torchrun_env({}) is None and torchrun_env({"WORLD_SIZE": "1"}) is None
+    for env, expected in (({**ok, "RANK": "2"}, "RANK='2': must be an integer in [0, 1]"),
+                          ({k: v for k, v in ok.items() if k != "MASTER_ADDR"}, "MASTER_ADDR is not set"),
+                          ({**ok, "MASTER_PORT": "70000"}, "MASTER_PORT='70000': must be a port number"),
+                          ({**ok, "WORLD_SIZE": "0"}, "WORLD_SIZE='0': must be a positive integer")):
+        with pytest.raises(UserError, match=re.escape(expected)):
+            torchrun_env(env)
+    assert rendezvous_timeout({}) == 300 and rendezvous_timeout({"HDROPE_RENDEZVOUS_TIMEOUT_S": "2.5"}) == 2.5
+    with pytest.raises(UserError, match="HDROPE_RENDEZVOUS_TIMEOUT_S='0': must be a positive number"):
+        rendezvous_timeout({"HDROPE_RENDEZVOUS_TIMEOUT_S": "0"})
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({"WORLD_SIZE": "2"}, "RANK is not set but WORLD_SIZE=2 is: every worker needs an integer in [0, 1], its rank; "
+                          "run the workers with `torchrun --nproc-per-node N -m hdrope.console train …`"),
+    ({"WORLD_SIZE": "abc"}, "WORLD_SIZE='abc': must be a positive integer, the number of workers"),
+    # a peer that never comes: bounded by HDROPE_RENDEZVOUS_TIMEOUT_S (it used to wait for torch's 30 minutes)
+    ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "{port}",
+      "HDROPE_RENDEZVOUS_TIMEOUT_S": "3"},
+     "torch.distributed rendezvous at 127.0.0.1:{port} (rank 0 of WORLD_SIZE=2): the other workers did not all join "
+     "within 3 s (Timed out after"),
+])
+def test_hdrope_train_in_a_torchrun_environment_it_cannot_use_exits_2(tmp_path, cache_dir, env, expected):
+    import subprocess
+    import sys
+    import time
+
+    port = str(_free_port())
+    env = {k: v.replace("{port}", port) for k, v in env.items()}
+    cmd = [sys.executable, "-m", "hdrope.console", "train", "tiny", *OVERRIDES, f"train.out_dir={tmp_path / 'run'}",
+           f"data.cache_dir={cache_dir}", "--no-progress"]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, **env})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert expected.replace("{port}", port) in proc.stderr
+    assert time.monotonic() - start < 60

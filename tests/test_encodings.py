@@ -379,3 +379,40 @@ def test_position_tables_are_cached_from_the_train_length_and_grow_with_longer_i
     torch.testing.assert_close(longer[0][..., :5, :], first[0])
     exact = enc.tables(torch.arange(100), torch.float64)  # float64 is computed afresh, the cache agrees
     torch.testing.assert_close(longer[0].double(), exact[0], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    (["model.pe.kind=fope", "model.max_seq_len=4"], "model.max_seq_len=4: FoPE keeps only frequencies that finish "
+                                                     "a period within the train length"),
+    (["model.pe.kind=fope", "model.dim=8", "model.n_heads=4", "model.n_kv_heads=1"],
+     "head_dim=2: model.pe.kind='fope' needs head_dim >= 4"),
+    (["model.pe.kind=fope", f"model.pe.seed={10**20}"],
+     f"model.pe.seed={10**20}: must be an integer in [0, 2**63 - 1]"),
+    (["model.pe.basis=random", "model.pe.seed=-1"], "model.pe.seed=-1: must be an integer in [0, 2**63 - 1]"),
+    (["model.pe.kind=rpe3d", f"model.pe.chunk_size={10**20}"], f"model.pe.chunk_size={10**20}: must be a positive "
+                                                                "integer <= 2147483647"),
+    (["model.pe=null"], "model.pe=None: must be a mapping with a kind, e.g. model.pe.kind=rope"),
+    (["model.max_seq_len=100000000"], "model.max_seq_len=100000000: the position tables of 100000000 positions × "
+                                      "head_dim 32 take about 83.4 GiB to build, over the 4 GiB limit; use "
+                                      "model.max_seq_len <= 4793490"),
+    ([f"train.seed={10**20}"], f"train.seed={10**20}: must be an integer in [0, 2**32 - 1]"),
+])
+def test_what_an_encoding_cannot_be_built_with_is_a_user_error_before_building(overrides, expected):
+    # each was a ZeroDivisionError, an OverflowError, an AttributeError or an 8+ GiB allocation
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(UserError) as err:
+        load_config("tiny", overrides)
+    assert expected in str(err.value)
+    assert time.perf_counter() - start < 5  # refused from the estimate, nothing allocated
+
+
+def test_the_registry_checks_every_kind_before_it_builds():
+    from trainer.position import encoding_problems
+
+    assert encoding_problems(FoPEConfig(), SHAPE) == []
+    assert encoding_problems(None, SHAPE)[0].startswith("model.pe=None")
+    with pytest.raises(UserError, match=r"model\.pe\.chunk_size=0"):  # direct builds are checked too
+        build_position_encoding(RPE3DConfig(chunk_size=0), SHAPE)
+    assert not any(encoding_problems(cls(), EncodingShape(D, 4, 2, 2, 10**8)) for cls in (ALiBiConfig,))  # no tables

@@ -87,9 +87,12 @@ def test_hdrope_export_cli_on_a_trained_checkpoint(tmp_path, cache_dir):
     cfg = load_config("tiny", [f"data.cache_dir={cache_dir}", f"train.out_dir={tmp_path / 'run'}", "train.steps=20",
                                "eval.passkey.enabled=false", "model.pe.rotation_dim=8"])
     ckpt = train(cfg).checkpoint
-    out = subprocess.run([sys.executable, "-m", "hdrope.console", "export", str(ckpt), str(tmp_path / "hf")],
-                         capture_output=True, text=True, timeout=300)
+    out = _export_without_transformers(ckpt, tmp_path / "hf")
     assert out.returncode == 0, out.stderr[-2000:]
+    # the run's byte tokenizer's ids (config.json used to say bos 1 / eos 2, so generate stopped on byte 0x02)
+    for name in ("config.json", "generation_config.json"):
+        written = json.loads((tmp_path / "hf" / name).read_text())
+        assert (written["bos_token_id"], written["eos_token_id"], written["pad_token_id"]) == (256, 257, 258), name
     meta = json.loads((tmp_path / "hf" / "hdrope_export.json").read_text())
     trained = load_trained(ckpt)
     assert meta["config_hash"] == trained.config_hash
@@ -101,3 +104,42 @@ def test_hdrope_export_cli_on_a_trained_checkpoint(tmp_path, cache_dir):
     again = subprocess.run([sys.executable, "-m", "hdrope.console", "export", str(ckpt), str(tmp_path / "hf")],
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 2 and "not empty" in again.stderr
+
+
+def _export_without_transformers(ckpt, out_dir, cwd=None) -> subprocess.CompletedProcess:
+    """`hdrope export CKPT OUT_DIR` in an interpreter where `import transformers` fails (the README's install)."""
+    code = "import sys; sys.modules['transformers'] = None; from hdrope.console import main; sys.exit(main())"
+    return subprocess.run([sys.executable, "-c", code, "export", str(ckpt), str(out_dir)], capture_output=True,
+                          text=True, timeout=300, cwd=cwd)
+
+
+def test_export_from_another_directory_ships_the_runs_own_tokenizer_and_its_ids(tmp_path, cache_dir, monkeypatch):
+    # a relative data.tokenizer used to resolve against the exporting command's directory: another file shipped
+    from transformers import LlamaForCausalLM
+
+    from trainer.loop import train
+    from trainer.tokenizer import JsonTokenizer, train_bpe
+    from trainer.trained import load_trained
+
+    corpus = tmp_path / "small.txt"
+    corpus.write_text("To be, or not to be, that is the question. " * 200)
+    for where, text in (("here", corpus.read_text()), ("elsewhere", "Now is the winter of our discontent. " * 200)):
+        (tmp_path / where).mkdir()
+        train_bpe([text], 300, tmp_path / where / "tok.json")
+    monkeypatch.chdir(tmp_path / "here")
+    cfg = load_config("tiny", [f"data.cache_dir={cache_dir}", f"train.out_dir={tmp_path / 'run'}", "data.corpus=files",
+                               f"data.paths=[{corpus}]", "data.tokenizer=tok.json", "model.vocab_size=300",
+                               "train.steps=4", "eval.passkey.enabled=false", "eval.extrapolation_batches=0"])
+    ckpt = train(cfg).checkpoint
+    out = _export_without_transformers(ckpt, tmp_path / "hf", cwd=tmp_path / "elsewhere")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == (tmp_path / "here" / "tok.json").read_bytes()
+    tok = JsonTokenizer(tmp_path / "here" / "tok.json")
+    written = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (written["bos_token_id"], written["eos_token_id"], written["pad_token_id"]) == (None, tok.eos_id, tok.pad_id)
+    assert tok.eos_id is not None and tok.pad_id is not None
+    hf = LlamaForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    model = load_trained(ckpt).model
+    x = torch.tensor([tok.encode("To be, or not to be")])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x).logits, model(x), atol=1e-4, rtol=0)

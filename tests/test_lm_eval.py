@@ -98,12 +98,22 @@ def test_hdrope_eval_lm_eval_runs_a_local_task_and_reaches_mlflow_and_results(tr
     assert runs[0].data.metrics["lm_lab_toy_acc"] == acc
 
 
-def test_unknown_task_and_missing_include_path_exit_2(trained_tiny, tmp_path):
+@pytest.mark.parametrize("extra,expected", [
+    (["--tasks", "no_such_task_xyz"], "--tasks: unknown lm_eval task(s) ['no_such_task_xyz']"),
+    (["--tasks", "lab_toy", "--include-path", "nope"], "--include-path nope: not a directory of task YAMLs"),
+    (["--tasks", "lab_toy", "--max-length", "-5"], "--max-length -5: must be an integer >= 2 (or 0 for the run's "
+                                                   "train length)"),  # used to report an accuracy
+    (["--tasks", "lab_toy", "--limit", "-1"], "--limit -1: must be an integer >= 1 (or 0 for every document)"),
+])
+def test_bad_flags_exit_2_naming_the_flag(trained_tiny, task_dir, tmp_path, extra, expected):
     _, ckpt = trained_tiny
-    for extra in (["--tasks", "no_such_task_xyz"], ["--tasks", "lab_toy", "--include-path", str(tmp_path / "nope")]):
-        out = subprocess.run([sys.executable, "-m", "hdrope.console", "eval", "lm-eval", str(ckpt), *extra],
-                             capture_output=True, text=True, timeout=300, cwd=tmp_path)
-        assert out.returncode == 2 and "--" in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+    if "--include-path" not in extra:
+        extra = [*extra, "--include-path", str(task_dir)]
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-m", "hdrope.console", "eval", "lm-eval", str(ckpt), *extra],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert expected in out.stderr
 
 
 def test_results_table_carries_lm_eval_columns(tiny_sweep):

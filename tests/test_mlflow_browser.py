@@ -1,6 +1,8 @@
 """The MLflow UI in a real browser: headless Chromium renders a finished tiny sweep's runs page (the URL
-`hdrope ui NAME` prints) and every cell's readable run name is in the rendered DOM; a screenshot is taken.
-Skipped where Chromium is not installed (`.ci/run` installs Debian's chromium)."""
+`hdrope ui NAME` prints): every cell's readable run name and the metric columns are in the rendered DOM, in the
+model-training view; a run's own link (`trainer.reporting.run_link`) opens the training view too, not the GenAI
+"Evaluation runs"; a screenshot is taken. Skipped where Chromium is not installed (`.ci/run` installs Debian's
+chromium)."""
 
 import re
 import shutil
@@ -50,10 +52,24 @@ def test_the_runs_page_shows_every_cell_by_name_in_a_real_browser(tmp_path, cach
                   "--virtual-time-budget=20000", f"--user-data-dir={tmp_path / 'chrome'}"]
         dom = subprocess.run([*common, "--dump-dom", page], capture_output=True, text=True, timeout=120).stdout
         subprocess.run([*common, f"--screenshot={shot}", page], capture_output=True, timeout=120)
+        import mlflow
+
+        from trainer.reporting import run_link
+
+        client = mlflow.MlflowClient(f"http://127.0.0.1:{port}")
+        exp = client.get_experiment_by_name("browse")
+        run = next(r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("role") == "cell")
+        run_dom = subprocess.run([*common, "--dump-dom", run_link(f"http://127.0.0.1:{port}", exp.experiment_id,
+                                                                   run.info.run_id)],
+                                 capture_output=True, text=True, timeout=120).stdout
     finally:
         for child in psutil.Process(ui.pid).children(recursive=True):
             child.kill()
         ui.kill()
     for name in ("2D-RoPE-θ10000-s42", "2D-Paley-θ10000-s42", "4D-identity-θ10000-s42", "4D-Paley-θ10000-s42"):
         assert name in dom, name
+    for column in ("val_loss", "val_loss_x2", "Duration", "Sort: val_loss"):  # the stored runs-table view
+        assert column in dom, column
+    assert "Evaluation runs" not in dom
+    assert run.info.run_name in run_dom and "Evaluation runs" not in run_dom  # the training view of one run
     assert shot.is_file() and shot.stat().st_size > 10_000

@@ -45,6 +45,26 @@ def test_a_progress_line_carries_step_of_total_eta_and_losses():
     assert "train_loss 2.401" in lines[0] and "(1 running, 1 pending)" in lines[0]
 
 
+def test_counts_include_the_trial_whose_event_is_printed():
+    """Tune calls on_trial_start while the trial is still PENDING and on_trial_complete while it is still RUNNING
+    (ray.tune.execution.tune_controller): each line counts that trial in the state its event moves it to."""
+    out = io.StringIO()
+    cb = ProgressCallback(every_s=1e9, out=out)
+    trials = [type("T", (), {"trial_id": str(i), "status": "PENDING", "last_result": {},
+                             "__str__": lambda self: f"cell{self.trial_id}"})() for i in range(2)]
+    cb.on_trial_start(0, trials, trials[0])
+    trials[0].status = "RUNNING"
+    cb.on_trial_start(0, trials, trials[1])
+    trials[1].status = "RUNNING"
+    cb.on_trial_complete(0, trials, trials[0])
+    trials[0].status = "TERMINATED"
+    trials[1].status, trials[1].error_file = "ERROR", "err.txt"  # Tune sets ERROR before on_trial_error
+    cb.on_trial_error(0, trials, trials[1])
+    lines = out.getvalue().splitlines()
+    assert [line.rsplit("(", 1)[-1] for line in lines] == ["1 running, 1 pending)", "2 running)",
+                                                           "1 running, 1 done)", "1 done, 1 failed)"]
+
+
 def test_the_estimate_times_each_model_shape_and_packs_trials_on_the_slots(tmp_path):
     plan = _plan(tmp_path)
     est = estimate_sweep(plan)

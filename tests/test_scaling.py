@@ -126,6 +126,8 @@ HF_CASES = {
                       "long_factor": [2.0 + i / 32 for i in range(32)]},
     "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 512},
+    # HF's standardize_rope_params fills llama3's original length from max_position_embeddings
+    "llama3-no-original": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
 }
 
 

@@ -117,6 +117,14 @@ BAD = [
     ("name: x\nbase: tiny\nresources: {workers: 2, gpus_per_worker: .nan}", "resources.gpus_per_worker=nan"),
     ("name: x\nbase: tiny\nresources: {workers: 3}",
      "train.batch_size=8 does not split evenly over resources.workers=3"),
+    # issue 19: amounts Ray cannot schedule fail at plan time, not inside Ray
+    ("name: x\nbase: tiny\nresources: {cpus: 1e-300}",
+     "resources.cpus=1e-300: Ray schedules resources in units of 0.0001, so this is no amount at all; use at least"),
+    ("name: x\nbase: tiny\nresources: {cpus: 0.00005}", "resources.cpus=5e-05: Ray schedules resources in units"),
+    ("name: x\nbase: tiny\nresources: {workers: 2, cpus: 1, gpus_per_worker: 1.0e-9}",
+     "resources.gpus_per_worker=1e-09: Ray schedules resources in units of 0.0001, so this is no amount at all; "
+     "use 0 or at least 0.0001"),
+    ("name: x\nbase: tiny\nresources: {cpus: 1.0e+20}", "resources.cpus=1e+20: more than Ray can count"),
 ]
 
 
@@ -223,3 +231,56 @@ def test_more_workers_than_this_machine_has_cpus_exit_2_before_ray(tmp_path, cap
     assert "a trial needs 4096 CPUs" in err and "workers=4096" in err and "lower resources.workers" in err
     assert not (tmp_path / "store").exists()
     assert "ray" not in sys.modules or not __import__("ray").is_initialized()
+
+
+MAPPING_AXIS = """
+name: optims
+base: tiny
+storage: {storage}
+overrides: {{train.steps: 5}}
+axes:
+  optim: [{{name: adamw}}, {{name: sgd, lr: 0.1, momentum: 0.9, weight_decay: 0.0}}]
+  seed: [1]
+"""
+
+
+def test_a_mapping_axis_value_has_one_short_label_in_cell_ids_run_names_and_the_report(tmp_path):
+    from types import SimpleNamespace
+
+    from analysis.variants import value_text
+    from sweeps.callback import trial_name
+    from sweeps.results import cell_rows
+    from sweeps.runner import write_plan
+    from trainer.config import config_hash
+
+    plan = prepare(str(write(tmp_path, MAPPING_AXIS)))
+    assert [c.cell_id for c in plan.cells] == ["c000-optimAdamW-seed1", "c001-optimSGD_lr_0.1_m_0.9_wd_0-seed1"]
+    payload = write_plan(plan)
+    names = [trial_name(SimpleNamespace(config={"cell": c.cell_id}), payload) for c in plan.cells]
+    assert names == ["4D-Paley-θ10000-s1-optimAdamW", "4D-Paley-θ10000-s1-optimSGD(lr=0.1, m=0.9, wd=0)"]
+    stored = [r["optim"] for r in cell_rows(payload)]  # the results table keeps the value itself, as JSON
+    assert [value_text(v) for v in stored] == ["AdamW", "SGD(lr=0.1, m=0.9, wd=0)"]
+    assert [c.config_hash for c in plan.cells] == [config_hash(c.config) for c in plan.cells]
+    sgd = plan.cells[1].config.optim
+    assert (sgd.name, sgd.lr, sgd.momentum, sgd.weight_decay) == ("sgd", 0.1, 0.9, 0.0)
+
+
+def test_a_sweep_planned_with_the_old_cell_ids_keeps_them(tmp_path):
+    """A sweep directory whose plan.json has the cell ids of an older version (mapping values as Python reprs) is
+    still this spec's sweep: `sweep run` keeps its stored ids (and so its cell directories) instead of refusing."""
+    import json
+
+    from sweeps.runner import find_sweep, write_plan
+
+    plan = prepare(str(write(tmp_path, MAPPING_AXIS)))
+    payload = write_plan(plan)
+    old_ids = {"c000-optimAdamW-seed1": "c000-optim_name_adamw_-seed1",
+               "c001-optimSGD_lr_0.1_m_0.9_wd_0-seed1":
+               "c001-optim_name_sgd_lr_0.1_momentum_0.9_weight_decay_0.0_-seed1"}
+    stored = json.loads((plan.root / "plan.json").read_text())
+    stored["cells"] = {old_ids[k]: v for k, v in stored["cells"].items()}
+    (plan.root / "plan.json").write_text(json.dumps(stored))
+    again = write_plan(prepare(str(write(tmp_path, MAPPING_AXIS))))
+    assert list(again["cells"]) == list(old_ids.values())
+    assert [c["config_hash"] for c in again["cells"].values()] == [c["config_hash"] for c in payload["cells"].values()]
+    assert list(find_sweep(str(plan.root))["cells"]) == list(old_ids.values())

@@ -120,6 +120,12 @@ def test_local_grid_logs_one_run_per_cell_to_a_real_mlflow_server(tmp_path, cach
     assert "4 cells, 3 trials to train (1 saved by dedup)" in out.stderr and "estimated time: about" in out.stderr
     assert re.search(r"4D-Paley-θ10000-s42 +step +\d+/20 +eta", out.stderr), out.stderr[-3000:]
     assert "TensorBoard" not in out.stderr and "Creating initial MLflow database tables" not in out.stderr
+    # Tune's own output and Ray's token-auth notice are off; each line counts the trial in its new state
+    assert "Configuration for experiment" not in out.stdout + out.stderr
+    assert "Token authentication is enabled" not in out.stdout + out.stderr
+    events = [line for line in out.stderr.splitlines() if re.search(r"\] \S+ +(started|finished)", line)]
+    assert re.search(r"started +\(1 running, 2 pending\)$", events[0]), events
+    assert events[-1].endswith("(3 done)"), events
     client, cells, parents = cell_runs(mlflow_server, "e2e")
     assert len(cells) == 4 and len(parents) == 1
     assert all(r.info.status == "FINISHED" for r in cells + parents)
@@ -131,6 +137,10 @@ def test_local_grid_logs_one_run_per_cell_to_a_real_mlflow_server(tmp_path, cach
     assert paley.data.params["model.pe.rotation_dim"] == "4" and paley.data.params["model.pe.basis"] == "paley"
     assert paley.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
     assert len(paley.data.tags["config_hash"]) == 16 and paley.data.tags["git_commit"]
+    for cell_id, run in by_cell.items():  # each run ends when its cell ended, not when the sweep did
+        if "dedup_of" not in run.data.tags:
+            done = tmp_path / "store" / "e2e" / "cells" / cell_id / "result.json"
+            assert abs(run.info.end_time - done.stat().st_mtime * 1000) < 1000, cell_id
     history = client.get_metric_history(paley.info.run_id, "train_loss")
     assert [m.step for m in history] == [5, 10, 15, 20]
     assert {a.path for a in client.list_artifacts(paley.info.run_id)} >= {"config", "result", "attention"}
@@ -214,9 +224,42 @@ def test_sigterm_ends_the_driver_with_143_and_stops_its_ray(tmp_path, cache_dir)
         _wait_for(lambda: (cell / "metrics.jsonl").is_file(), 240, "the trial to report")
         tree = [p for p in psutil.Process(proc.pid).children(recursive=True) if "procs" not in " ".join(_cmdline(p))]
         assert len(tree) >= 3  # GCS, raylet, agents, the trial worker
+        # a second driver of this sweep is refused, naming the running one, which goes on
+        for second in (("sweep", "run", str(spec)), ("sweep", "resume", "term", "--storage", str(tmp_path / "store"))):
+            out = hdrope(*second, cwd=tmp_path, timeout=300)
+            assert out.returncode == 2 and f"in use by hdrope sweep run (PID {proc.pid}" in out.stderr, out.stderr
+            assert "Traceback" not in out.stderr
+        assert proc.poll() is None
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(120) == 143
         _wait_for(lambda: not alive(tree), 30, "every Ray process of the driver to stop")
+    finally:
+        proc.kill()
+
+
+def test_sigterm_while_ray_starts_ends_the_driver_with_143_and_stops_its_ray(tmp_path, cache_dir):
+    """The signal lands inside ray.init (GCS up, raylet starting), where Ray's own handlers used to exit 15 or 1,
+    its C++ side to abort (-6), or the signal to be lost."""
+    spec = write_spec(tmp_path, "startterm", steps=3000, dims="[4]", bases="[paley]")
+    env = ray_env()
+    proc = subprocess.Popen([sys.executable, "-m", "hdrope.console", "sweep", "run", str(spec)], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+
+    def ray_of_this_test() -> list:
+        return [p for p in psutil.process_iter(["cmdline"])
+                if env["HDROPE_RAY_TMPDIR"] in " ".join(p.info["cmdline"] or [])]
+
+    try:
+        def gcs() -> list:
+            return [p for p in psutil.Process(proc.pid).children(recursive=True) if "gcs_server" in p.name()]
+
+        _wait_for(lambda: proc.poll() is not None or gcs(), 240, "Ray's GCS to start")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=180)
+        assert proc.returncode == 143, err[-3000:]
+        assert "Traceback" not in err, err[-3000:]
+        _wait_for(lambda: not alive(ray_of_this_test()), 60, "every Ray process of the driver to stop")
+        assert not (tmp_path / "store" / "startterm" / "cells").exists()  # no trial ran
     finally:
         proc.kill()
 

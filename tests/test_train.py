@@ -192,3 +192,94 @@ def test_the_training_loop_reads_the_loss_back_only_at_log_steps(tiny_cfg, monke
                        "train.ckpt_every=0", *FAST))
     assert len(r.losses) == 12 and all(math.isfinite(x) for x in r.losses)
     assert reads == ["tolist", "tolist"]  # steps 6 and 12: one read each for 24 micro-steps
+
+
+def _hdrope(*args: str, cwd=None, env=None, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hdrope.console", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd, env=env)
+
+
+def test_a_second_train_into_one_run_directory_is_refused_naming_the_first(tmp_path, cache_dir):
+    # both used to exit 0 over one mixed run directory
+    import time
+
+    run = tmp_path / "run"
+    args = ["train", "tiny", f"data.cache_dir={cache_dir}", f"train.out_dir={run}", "train.steps=100000",
+            "train.ckpt_every=0", "train.eval_every=0", *FAST, "--no-progress"]
+    first = subprocess.Popen([sys.executable, "-m", "hdrope.console", *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "metrics.jsonl").is_file():  # the first is training
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()[1][-2000:]
+            time.sleep(0.2)
+        second = _hdrope(*args, timeout=180)  # the same config (on the old code it trained alongside)
+    finally:
+        first.terminate()
+        first.communicate(timeout=60)
+    assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr[-2000:]
+    assert f"{run} is in use by hdrope train of config " in second.stderr
+    assert f"(PID {first.pid}, started " in second.stderr
+    from trainer.run_files import read_metrics
+
+    steps = [rec["step"] for rec in read_metrics(run / "metrics.jsonl")]
+    assert steps and steps == sorted(set(steps))  # one writer: no step twice
+
+
+def test_a_run_whose_checkpoints_are_all_damaged_is_refused_not_retrained_from_step_0(tiny_cfg):
+    overrides = ["train.steps=8", "train.ckpt_every=4", "train.log_every=2", *FAST]
+    r = train(tiny_cfg(*overrides))
+    metrics = (r.run_dir / "metrics.jsonl").read_text()
+    for ckpt in list_checkpoints(r.run_dir / "checkpoints"):
+        (ckpt / "manifest.json").unlink()
+    with pytest.raises(ValueError) as err:
+        train(tiny_cfg(*overrides))
+    assert (f"train.out_dir={str(r.run_dir)!r}: its checkpoints step_00000004, step_00000008 have no manifest.json "
+            "(damaged), so none can be resumed, and training again from step 0 would replace its metrics.jsonl; "
+            "restore the checkpoints, or move the run directory away") in str(err.value)
+    assert (r.run_dir / "metrics.jsonl").read_text() == metrics  # nothing replaced
+    import shutil
+
+    shutil.rmtree(r.run_dir / "checkpoints")  # a finished run with no checkpoint left: refused too
+    with pytest.raises(ValueError, match=r"it finished \(result\.json\) but has no checkpoint left"):
+        train(tiny_cfg(*overrides))
+
+
+def _bpe_file(path, text: str) -> str:
+    from trainer.tokenizer import train_bpe
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    train_bpe([text], 300, path)
+    return str(path)
+
+
+def test_a_relative_tokenizer_path_is_the_runs_one_file_wherever_it_resumes(tmp_path, cache_dir, monkeypatch):
+    # `data.tokenizer=tok.json` used to resolve against each command's current directory
+    from hdrope.errors import UserError
+    from trainer.presets import load_config
+    from trainer.tokenizer import JsonTokenizer
+    from trainer.trained import load_trained
+
+    corpus = tmp_path / "small.txt"
+    corpus.write_text("To be, or not to be, that is the question. " * 200)
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    ours = _bpe_file(here / "tok.json", corpus.read_text())
+    _bpe_file(elsewhere / "tok.json", "Now is the winter of our discontent. " * 200)  # same name, other merges
+    overrides = [f"data.cache_dir={cache_dir}", f"train.out_dir={tmp_path / 'run'}", "data.corpus=files",
+                 f"data.paths=[{corpus}]", "data.tokenizer=tok.json", "model.vocab_size=300", "train.steps=4", *FAST]
+    monkeypatch.chdir(here)
+    cfg = load_config("tiny", overrides)
+    assert cfg.data.tokenizer == ours  # resolved once, when the config is assembled
+    r = train(cfg)
+    assert (r.run_dir / "tokenizer.json").read_bytes() == (here / "tok.json").read_bytes()  # kept with the run
+    moved = tmp_path / "moved.json"
+    moved.write_bytes((here / "tok.json").read_bytes())
+    assert config_hash(load_config("tiny", [*overrides, f"data.tokenizer={moved}"])) == r.config_hash  # by content
+
+    monkeypatch.chdir(elsewhere)
+    (here / "tok.json").unlink()  # the original is gone: the run's copy serves
+    trained = load_trained(r.checkpoint)
+    assert trained.tok.identity == JsonTokenizer(r.run_dir / "tokenizer.json").identity
+    assert trained.config_hash == r.config_hash
+    with pytest.raises(UserError, match="holds a run of config"):  # elsewhere/tok.json is another tokenizer
+        train(load_config("tiny", overrides))

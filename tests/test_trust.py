@@ -122,7 +122,7 @@ def test_report_groups_by_every_axis_except_the_seed():
     assert len(table) == 2  # yarn and dynamic are two variants, never one 'mean ± CI' over six runs
     means = sorted(float(v.split()[0]) for v in table.iloc[:, 0])
     assert means == pytest.approx([2.02, 3.02]) and all("(n=3)" in v for v in table.iloc[:, 0])
-    assert any("rope_type=yarn" in v for v in table.index)
+    assert any("scaling=yarn(factor=4)" in v for v in table.index)  # the mapping's label, as in run names
 
 
 def test_a_run_directory_belongs_to_one_configuration(cache_dir, tmp_path):

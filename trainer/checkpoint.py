@@ -27,7 +27,8 @@ from torch import nn
 from hdrope.errors import UserError
 from trainer.cache import sha256_file
 
-__all__ = ["latest_checkpoint", "list_checkpoints", "load_checkpoint", "read_state", "save_checkpoint"]
+__all__ = ["damaged_checkpoints", "latest_checkpoint", "list_checkpoints", "load_checkpoint", "read_state",
+           "save_checkpoint"]
 
 _FILES = ("model.safetensors", "trainer_state.pt", "state.json")
 _PREFIX = "step_"
@@ -74,14 +75,24 @@ def save_checkpoint(
     return final
 
 
-def list_checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoint directories under root, oldest first."""
+def _step_dirs(root: Path, complete: bool) -> list[Path]:
+    """step_* directories under root with (complete) or without a manifest.json, oldest first."""
     if not root.is_dir():
         return []
-    found = [
-        p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX) and (p / "manifest.json").is_file()
-    ]
+    found = [p for p in root.iterdir()
+             if p.is_dir() and p.name.startswith(_PREFIX) and (p / "manifest.json").is_file() == complete]
     return sorted(found, key=lambda p: p.name)
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoint directories under root, oldest first."""
+    return _step_dirs(root, complete=True)
+
+
+def damaged_checkpoints(root: Path) -> list[Path]:
+    """Checkpoint directories under root without a manifest.json, oldest first: damaged, since a checkpoint is
+    renamed into place whole."""
+    return _step_dirs(root, complete=False)
 
 
 def latest_checkpoint(root: Path) -> Path | None:

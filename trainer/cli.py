@@ -2,17 +2,16 @@
 
 Under `torchrun --nproc-per-node W -m hdrope.console train …` (WORLD_SIZE > 1 in the environment) the W
 processes train one run data-parallel (`--strategy`, DDP by default): gloo on CPU, NCCL on CUDA; rank 0
-alone shows progress, logs to MLflow and prints the result.
+alone shows progress, logs to MLflow and prints the result. The workers wait at most
+$HDROPE_RENDEZVOUS_TIMEOUT_S seconds (default 300) for each other to join.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
-from collections.abc import Iterator
 
 __all__ = ["train_main"]
 
@@ -31,7 +30,7 @@ def train_main(argv: list[str]) -> int:
 
     from hdrope.errors import UserError
     from trainer.config import config_hash
-    from trainer.distributed import STRATEGIES
+    from trainer.distributed import STRATEGIES, join_torchrun_group
     from trainer.loop import TrainingDiverged, train
     from trainer.presets import load_config
     from trainer.reporting import MLflowReporter, ProgressReporter, Reporters, check_tracking_uri
@@ -41,7 +40,7 @@ def train_main(argv: list[str]) -> int:
     if args.tracking_uri:
         check_tracking_uri(args.tracking_uri)
     cfg = load_config(args.config, args.overrides)
-    with _torchrun_group(cfg.train.device) as rank:
+    with join_torchrun_group(cfg.train.device) as rank:
         reporters = [] if args.no_progress or rank else [ProgressReporter()]
         if args.tracking_uri and not rank:
             tags = {"config_hash": config_hash(cfg), "preset": args.config}
@@ -57,21 +56,3 @@ def train_main(argv: list[str]) -> int:
     print(json.dumps({"run_dir": str(result.run_dir), "step": result.step, "stop_reason": result.stop_reason,
                       "metrics": shown}, indent=1))
     return 0
-
-
-@contextlib.contextmanager
-def _torchrun_group(device: str) -> Iterator[int]:
-    """This process's rank in the process group torchrun describes (WORLD_SIZE > 1), set up for the run and
-    torn down after it; rank 0 with no group outside torchrun."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        yield 0
-        return
-    import torch
-    import torch.distributed as dist
-
-    cuda = device != "cpu" and torch.cuda.is_available()
-    dist.init_process_group(backend="nccl" if cuda else "gloo")
-    try:
-        yield dist.get_rank()
-    finally:
-        dist.destroy_process_group()

@@ -17,6 +17,7 @@ from typing import Any
 
 from hdrope.errors import UserError
 from trainer.model import ModelArgs, validate_model_args
+from trainer.tokenizer import tokenizer_hash_key, tokenizer_problem
 
 __all__ = [
     "BASE_METRICS",
@@ -52,6 +53,8 @@ def metric_names(cfg: RunConfig) -> list[str]:
         names.append("passkey_acc")
     return names
 
+
+SEED_MAX = 2**32 - 1  # train.seed seeds python, numpy (which takes [0, 2**32 - 1]) and torch
 
 # Keys that say where or how verbosely a run writes, not what it computes.
 _NON_SEMANTIC = ("train.out_dir", "train.log_every", "train.threads", "train.progress", "data.cache_dir")
@@ -236,6 +239,8 @@ def config_errors(cfg: RunConfig) -> list[str]:
         errors.append(f"data.val_fraction={d.val_fraction!r}: must be in (0, 1), e.g. 0.1")
     if not 0.0 <= d.passkey_ratio <= 1.0:
         errors.append(f"data.passkey_ratio={d.passkey_ratio!r}: must be in [0, 1]")
+    if (problem := tokenizer_problem(d.tokenizer)) is not None:
+        errors.append(problem)
     if d.tokenizer == "bpe" and not 260 <= d.bpe_vocab_size <= 65535:
         errors.append(f"data.bpe_vocab_size={d.bpe_vocab_size!r}: must be in [260, 65535]")
     if not 0 <= d.passkey.min_key <= d.passkey.max_key:
@@ -255,6 +260,8 @@ def config_errors(cfg: RunConfig) -> list[str]:
     _positive(errors, o, "optim", ("momentum", "eps"), True)
     if len(o.betas) != 2 or not all(0.0 <= b < 1.0 for b in o.betas):
         errors.append(f"optim.betas={list(o.betas)!r}: must be two numbers in [0, 1)")
+    if isinstance(t.seed, bool) or not isinstance(t.seed, int) or not 0 <= t.seed <= SEED_MAX:
+        errors.append(f"train.seed={t.seed!r}: must be an integer in [0, 2**32 - 1] (numpy's range), e.g. 42")
     _positive(errors, t, "train", ("steps", "batch_size", "grad_accum", "keep_last"))
     _positive(errors, t, "train", ("log_every", "eval_every", "ckpt_every", "threads", "max_time_s"), True)
     _positive(errors, t, "train", ("peak_tflops",), True)
@@ -304,6 +311,8 @@ def flatten_config(cfg: RunConfig) -> dict[str, Any]:
 
 
 def config_hash(cfg: RunConfig) -> str:
-    """sha256 (16 hex) of the semantic config: output paths, verbosity and caches excluded."""
+    """sha256 (16 hex) of the semantic config: output paths, verbosity and caches excluded; a tokenizer.json
+    counts by its content, not its path (UserError when the file is missing)."""
     flat = {k: v for k, v in flatten_config(cfg).items() if k not in _NON_SEMANTIC and k != "name"}
+    flat["data.tokenizer"] = tokenizer_hash_key(cfg.data.tokenizer)
     return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -3,8 +3,11 @@
 A run is the same function of (seed, step) for any W: every worker trains on its disjoint rows of the
 step's global batch (`trainer.batches.TrainBatches`), gradients are averaged across the workers by the
 strategy's wrapper, and only rank 0 writes files and talks to the reporter. Checkpoints keep the
-single-process format, so a run resumes on any W. The trainer never starts a process group: Ray Train
-(`sweeps.trainable`) or a test does, and `current_world` reads it.
+single-process format, so a run resumes on any W. The training loop never starts a process group: Ray
+Train (`sweeps.trainable`), `hdrope train` under torchrun (`join_torchrun_group`) or a test does, and
+`current_world` reads it. torchrun's environment is checked first (WORLD_SIZE, RANK, MASTER_ADDR,
+MASTER_PORT), and the rendezvous waits at most $HDROPE_RENDEZVOUS_TIMEOUT_S seconds (default 300) for the
+other workers, then names what is missing instead of hanging.
 
 Strategies: `ddp` wraps the model itself (a whole replica per worker: rank 0's model is the run's model).
 `fsdp` (FSDP2, `torch.distributed.fsdp.fully_shard`) trains a sharded copy; the plain model and its
@@ -16,9 +19,11 @@ them on resume (`load_from_main`).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -27,8 +32,13 @@ from torch import nn
 
 from hdrope.errors import UserError
 
-__all__ = ["STRATEGIES", "Strategy", "World", "broadcast_from_main", "current_world", "gather_to_main",
-           "load_from_main", "main_first", "mean_across", "no_sync", "wrap_model"]
+__all__ = ["RENDEZVOUS_TIMEOUT_ENV", "STRATEGIES", "Strategy", "TorchrunEnv", "World", "broadcast_from_main",
+           "current_world", "gather_to_main", "join_torchrun_group", "load_from_main", "main_first", "mean_across",
+           "no_sync", "rendezvous_timeout", "torchrun_env", "wrap_model"]
+
+RENDEZVOUS_TIMEOUT_ENV = "HDROPE_RENDEZVOUS_TIMEOUT_S"
+DEFAULT_RENDEZVOUS_TIMEOUT_S = 300.0
+_UNSET = "run the workers with `torchrun --nproc-per-node N -m hdrope.console train …`, or unset WORLD_SIZE"
 
 
 @dataclass(frozen=True)
@@ -169,3 +179,92 @@ def main_first(world: World) -> Iterator[None]:
     yield
     if world.size > 1 and world.main:
         dist.barrier()
+
+
+@dataclass(frozen=True)
+class TorchrunEnv:
+    """The worker torchrun's environment variables describe."""
+
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+
+
+def _env_int(environ: Mapping[str, str], name: str, low: int, high: int, what: str) -> int:
+    raw = environ.get(name)
+    if raw is None or not raw.strip():
+        raise UserError(f"{name} is not set but WORLD_SIZE={environ['WORLD_SIZE']} is: every worker needs {what}; "
+                        f"{_UNSET}")
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise UserError(f"{name}={raw!r}: must be {what}; {_UNSET}")
+    return value
+
+
+def torchrun_env(environ: Mapping[str, str] | None = None) -> TorchrunEnv | None:
+    """The worker described by torchrun's variables when WORLD_SIZE > 1, None for one process; UserError naming
+    a variable that is missing or malformed."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get("WORLD_SIZE", "").strip()
+    if not raw:
+        return None
+    world = _env_int(environ, "WORLD_SIZE", 1, 1 << 20, "a positive integer, the number of workers")
+    if world == 1:
+        return None
+    rank = _env_int(environ, "RANK", 0, world - 1, f"an integer in [0, {world - 1}], its rank")
+    addr = environ.get("MASTER_ADDR", "").strip()
+    if not addr:
+        raise UserError(f"MASTER_ADDR is not set but WORLD_SIZE={world} is: the workers meet at MASTER_ADDR:"
+                        f"MASTER_PORT; {_UNSET}")
+    port = _env_int(environ, "MASTER_PORT", 1, 65535, "a port number in [1, 65535]")
+    return TorchrunEnv(rank, world, addr, port)
+
+
+def rendezvous_timeout(environ: Mapping[str, str] | None = None) -> float:
+    """Seconds the workers wait for each other to join: $HDROPE_RENDEZVOUS_TIMEOUT_S, default 300."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(RENDEZVOUS_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_RENDEZVOUS_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise UserError(f"{RENDEZVOUS_TIMEOUT_ENV}={raw!r}: must be a positive number of seconds, e.g. 300")
+    return value
+
+
+@contextlib.contextmanager
+def join_torchrun_group(device: str) -> Iterator[int]:
+    """This process's rank in the process group torchrun's environment describes (WORLD_SIZE > 1), set up for
+    the block and torn down after it (gloo on CPU, NCCL on CUDA); rank 0 with no group outside torchrun.
+
+    The workers must all join within `rendezvous_timeout()` seconds; else UserError names the address, the
+    count and the fix. Collectives keep torch's own (longer) timeout."""
+    env = torchrun_env()
+    if env is None:
+        yield 0
+        return
+    from torch.distributed.constants import default_pg_timeout
+
+    timeout = rendezvous_timeout()
+    try:
+        store, rank, world = next(dist.rendezvous("env://", timeout=timedelta(seconds=timeout)))
+    except dist.DistError as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise UserError(f"torch.distributed rendezvous at {env.master_addr}:{env.master_port} (rank {env.rank} of "
+                        f"WORLD_SIZE={env.world_size}): the other workers did not all join within {timeout:g} s "
+                        f"({first}); start every worker, check MASTER_ADDR/MASTER_PORT, or give them longer with "
+                        f"{RENDEZVOUS_TIMEOUT_ENV}") from None
+    store.set_timeout(default_pg_timeout)  # the rendezvous is bounded; what follows keeps torch's timeout
+    cuda = device != "cpu" and torch.cuda.is_available()
+    dist.init_process_group(backend="nccl" if cuda else "gloo", store=store, rank=rank, world_size=world)
+    try:
+        yield dist.get_rank()
+    finally:
+        dist.destroy_process_group()

@@ -3,6 +3,8 @@ in trainer.hf_export).
 
 Both pair channel j with j + head_dim/2 (rotate-half), so a `rope` model maps onto HF Llama by
 renaming weights: w1/w3/w2 are gate/up/down, attention_norm/ffn_norm are input/post-attention norms.
+`hf_config_dict` is the LlamaConfig as plain JSON-able data (the export writes it without transformers);
+`hf_config` builds the transformers object from it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,38 @@ import torch
 from hdrope.errors import UserError
 from trainer.model import Llama, ModelArgs
 
-__all__ = ["hf_config", "to_hf_state_dict"]
+__all__ = ["hf_config", "hf_config_dict", "special_token_ids", "to_hf_state_dict"]
+
+
+def special_token_ids(tok: Any) -> dict[str, int | None]:
+    """bos/eos/pad token ids of a lab tokenizer (None where it has none), under HF's config keys."""
+    return {f"{name}_token_id": getattr(tok, f"{name}_id", None) for name in ("bos", "eos", "pad")}
+
+
+def hf_config_dict(a: ModelArgs, rope_parameters: dict[str, Any] | None = None,
+                   token_ids: dict[str, int | None] | None = None) -> dict[str, Any]:
+    """The keyword arguments of a transformers LlamaConfig with the same architecture: plain RoPE at pe.theta
+    unless rope_parameters are given (an HD-RoPE fold's), special-token ids from `special_token_ids`."""
+    return {
+        "vocab_size": a.vocab_size,
+        "hidden_size": a.dim,
+        "intermediate_size": a.ffn_hidden,
+        "num_hidden_layers": a.n_layers,
+        "num_attention_heads": a.n_heads,
+        "num_key_value_heads": a.n_kv_heads,
+        "head_dim": a.resolved_head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": a.norm_eps,
+        "max_position_embeddings": a.max_seq_len,
+        "initializer_range": a.init_std,
+        "rope_parameters": rope_parameters or {"rope_type": "default", "rope_theta": float(a.pe.theta)},
+        "tie_word_embeddings": a.tie_embeddings,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "mlp_bias": False,
+        "use_cache": True,
+        **(token_ids or {}),
+    }
 
 
 def hf_config(a: ModelArgs, **extra: Any):
@@ -23,22 +56,7 @@ def hf_config(a: ModelArgs, **extra: Any):
 
     if a.pe.kind != "rope" or a.pe.scaling:
         raise UserError(f"model.pe.kind={a.pe.kind!r}: only unscaled `rope` has an HF Llama equivalent")
-    return LlamaConfig(
-        vocab_size=a.vocab_size,
-        hidden_size=a.dim,
-        intermediate_size=a.ffn_hidden,
-        num_hidden_layers=a.n_layers,
-        num_attention_heads=a.n_heads,
-        num_key_value_heads=a.n_kv_heads,
-        head_dim=a.resolved_head_dim,
-        rms_norm_eps=a.norm_eps,
-        max_position_embeddings=a.max_seq_len,
-        rope_parameters={"rope_type": "default", "rope_theta": float(a.pe.theta)},
-        tie_word_embeddings=a.tie_embeddings,
-        attention_bias=False,
-        mlp_bias=False,
-        **extra,
-    )
+    return LlamaConfig(**hf_config_dict(a), **extra)
 
 
 _LAYER_NAMES = {

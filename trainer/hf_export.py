@@ -9,26 +9,34 @@ are written as HF `longrope` per-frequency factors (short and long lists equal, 
 explicit); unscaled N = 2 with the identity basis is plain `default` RoPE. Inference then runs at
 RoPE's cost in any HF-compatible engine. Encodings without a rotary form (NoPE) and sequence-length
 dependent scalings (dynamic, longrope) are refused with a clear error.
+
+The directory is written as plain files, without transformers: config.json and generation_config.json
+(the run tokenizer's bos/eos/pad ids), model.safetensors, the run's tokenizer.json when it has one and
+hdrope_export.json; they are written into a temporary sibling and renamed into place whole.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import save_file
 
 from hdrope import HDRotary
 from hdrope.errors import UserError
 from hdrope.fold import fold_matrix, identity_twin
 from hdrope.scaling import is_seq_dependent
 from trainer.config import RunConfig, config_hash
-from trainer.hf_compat import hf_config, to_hf_state_dict
+from trainer.dir_lock import refuse_non_directory
+from trainer.hf_compat import hf_config_dict, special_token_ids, to_hf_state_dict
 from trainer.model import Llama, ModelArgs
-from trainer.trained import load_trained
+from trainer.trained import load_trained, run_tokenizer
 
 __all__ = ["export_checkpoint", "export_model", "hf_rotary_map"]
 
@@ -76,40 +84,66 @@ def hf_rotary_map(a: ModelArgs) -> tuple[np.ndarray, dict[str, Any]]:
                "original_max_position_embeddings": a.max_seq_len, "attention_factor": float(sf.attention_factor)}
 
 
-def export_model(cfg: RunConfig, model: Llama, out_dir: Path) -> Path:
-    """Write config.json + model.safetensors of an HF LlamaForCausalLM computing exactly what `model` computes
-    (and the run's tokenizer.json when it has one); returns out_dir."""
-    from dataclasses import replace
-
-    from transformers import LlamaForCausalLM
-
-    out_dir = Path(out_dir)
-    if out_dir.exists() and any(out_dir.iterdir()):
+def _check_out_dir(out_dir: Path) -> None:
+    """UserError unless OUT_DIR is missing or an empty directory (not a file, not under one)."""
+    refuse_non_directory(out_dir, "OUT_DIR")
+    if out_dir.is_dir() and any(out_dir.iterdir()):
         raise UserError(f"{out_dir}: not empty; export into a new or empty directory")
-    a = cfg.model
-    m, rope_parameters = hf_rotary_map(a)
-    config = hf_config(replace(a, pe=replace(a.pe, kind="rope", scaling=None)))
-    config.rope_parameters = rope_parameters
-    hd = a.resolved_head_dim
+
+
+def _hf_state(model: Llama, m: np.ndarray, head_dim: int, tied: bool) -> dict[str, torch.Tensor]:
+    """Our weights under HF names with each head's q/k rows mapped by m (lm_head left out when tied, as HF saves)."""
     state = to_hf_state_dict(model)
     mt = torch.from_numpy(m)
     for name, w in state.items():
         if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
-            heads = w.double().reshape(-1, hd, w.shape[-1])
+            heads = w.double().reshape(-1, head_dim, w.shape[-1])
             state[name] = torch.einsum("ij,hjk->hik", mt, heads).reshape(w.shape).to(w.dtype)
-    hf = LlamaForCausalLM(config)
-    hf.load_state_dict(state, strict=True)
-    hf.save_pretrained(out_dir)
-    tok = Path(cfg.data.tokenizer)
-    if tok.suffix == ".json" and tok.is_file():
-        shutil.copy(tok, out_dir / "tokenizer.json")
-    note = "ids 0-255 are UTF-8 bytes, 256 <bos>, 257 <eos>, 258 <pad>" if cfg.data.tokenizer == "bytes" else ""
-    (out_dir / "hdrope_export.json").write_text(json.dumps({"config_hash": config_hash(cfg), "tokenizer":
-                                                            cfg.data.tokenizer, "note": note}, indent=1))
+    if tied:
+        state.pop("lm_head.weight")
+    return {name: w.detach().cpu().contiguous() for name, w in state.items()}
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def export_model(cfg: RunConfig, model: Llama, out_dir: Path, tok: Any = None) -> Path:
+    """Write an HF LlamaForCausalLM directory computing exactly what `model` computes, with the special-token ids
+    of `tok` (default: the run's tokenizer) and its tokenizer.json when it has one; returns out_dir."""
+    out_dir = Path(out_dir)
+    _check_out_dir(out_dir)
+    a = cfg.model
+    m, rope_parameters = hf_rotary_map(a)
+    tok = tok if tok is not None else run_tokenizer(cfg)
+    ids = special_token_ids(tok)
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "dtype": dtype,
+              **hf_config_dict(a, rope_parameters, ids)}
+    state = _hf_state(model, m, a.resolved_head_dim, a.tie_embeddings)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".{out_dir.name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()  # with the umask's mode, as out_dir would have
+    try:
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        _write_json(tmp / "config.json", config)
+        _write_json(tmp / "generation_config.json", {**{k: v for k, v in ids.items() if v is not None},
+                                                      "use_cache": True})
+        source = getattr(tok, "path", None)
+        if source is not None:
+            shutil.copyfile(source, tmp / "tokenizer.json")
+        note = "ids 0-255 are UTF-8 bytes, 256 <bos>, 257 <eos>, 258 <pad>" if cfg.data.tokenizer == "bytes" else ""
+        _write_json(tmp / "hdrope_export.json", {"config_hash": config_hash(cfg), "tokenizer": cfg.data.tokenizer,
+                                                 "note": note})
+        os.replace(tmp, out_dir)  # out_dir is missing or empty
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
 
 
 def export_checkpoint(checkpoint: Path, out_dir: Path) -> Path:
-    """Export a run's checkpoint (weights checksum-verified) as an HF LlamaForCausalLM directory."""
+    """Export a run's checkpoint (weights checksum-verified, config checked against the checkpoint's hash) as an
+    HF LlamaForCausalLM directory with the run's tokenizer."""
+    _check_out_dir(Path(out_dir))  # before loading anything
     trained = load_trained(checkpoint)
-    return export_model(trained.cfg, trained.model, out_dir)
+    return export_model(trained.cfg, trained.model, out_dir, trained.tok)

@@ -116,6 +116,10 @@ def run_lm_eval(checkpoint: Path, tasks: list[str], include_path: str | None = N
 
     if not tasks:
         raise UserError("--tasks is empty: name lm_eval tasks, e.g. hellaswag,arc_easy,arc_challenge,winogrande,boolq")
+    for flag, value, least, default in (("--limit", limit, 1, "0 for every document"),
+                                        ("--max-length", max_length, 2, "0 for the run's train length")):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise UserError(f"{flag} {value}: must be an integer >= {least} (or {default})")
     if include_path and not Path(include_path).is_dir():
         raise UserError(f"--include-path {include_path}: not a directory of task YAMLs")
     manager = TaskManager(include_path=include_path) if include_path else TaskManager()

@@ -3,9 +3,11 @@
 Seeded (train.seed, 42 by default) for random, numpy and torch; batches depend only on the step,
 so resuming from a checkpoint reproduces an uninterrupted run's per-step losses exactly (CPU,
 fp32). Writes under train.out_dir (default runs/<name>-<config hash>): run.json, config.yaml,
-checkpoints/, metrics.jsonl, passkey.parquet, attention/ and result.json (see trainer.run_files).
-A run directory belongs to one configuration; another one is refused. Each metric is reported
-once, at the step it was computed; the final evaluation is reported at the last step.
+tokenizer.json, checkpoints/, metrics.jsonl, passkey.parquet, attention/ and result.json (see
+trainer.run_files). A run directory belongs to one configuration and one process at a time (a lock
+refuses a second writer); another configuration is refused, and so is a directory whose checkpoints
+are all damaged (training from step 0 would replace its metrics). Each metric is reported once, at
+the step it was computed; the final evaluation is reported at the last step.
 
 Data-parallel (`trainer.distributed`): when torch.distributed is initialised with W processes, each
 trains on its rows of the global batch under `strategy` (gradients averaged), the logged loss is the
@@ -33,9 +35,10 @@ from omegaconf import OmegaConf
 from hdrope.errors import UserError
 from trainer.attention_dump import DumpIds, check_budget, dump_attention, identity_arrays
 from trainer.batches import TrainBatches, check_length, to_device, val_windows
-from trainer.checkpoint import latest_checkpoint, load_checkpoint, read_state, save_checkpoint
+from trainer.checkpoint import damaged_checkpoints, latest_checkpoint, load_checkpoint, read_state, save_checkpoint
 from trainer.config import RunConfig, config_hash, flatten_config, validate_config
 from trainer.corpus import load_corpus
+from trainer.dir_lock import hold_dir_lock
 from trainer.distributed import (
     STRATEGIES,
     World,
@@ -62,6 +65,8 @@ from trainer.run_files import (
     default_out_dir,
     metrics_at,
     read_metrics,
+    read_result,
+    store_tokenizer,
     truncate_metrics,
     write_json_atomic,
 )
@@ -179,11 +184,10 @@ def _checkpoint_step(path: Path) -> int:
 class _Run:
     """State of one training run; `train` drives it."""
 
-    def __init__(self, cfg: RunConfig, reporter: Reporter, strategy: str = "ddp") -> None:
+    def __init__(self, cfg: RunConfig, reporter: Reporter, chash: str, run_dir: Path, strategy: str = "ddp") -> None:
         self.cfg, self.reporter = cfg, reporter
         self.world = current_world()
-        self.chash = config_hash(cfg)
-        self.run_dir = Path(cfg.train.out_dir) if cfg.train.out_dir else default_out_dir(cfg.name, self.chash)
+        self.chash, self.run_dir = chash, run_dir
         self.ckpt_root = self.run_dir / "checkpoints"
         self.device = _device(cfg.train.device, self.world)
         self.autocast, self.amp_dtype = _autocast(self.device, cfg.train.dtype)
@@ -221,6 +225,8 @@ class _Run:
         if self.world.main:
             candidates = [p for p in (self.reporter.restore_path(), latest_checkpoint(self.ckpt_root)) if p is not None]
             path = max(candidates, key=_checkpoint_step) if candidates else None
+            if path is None:
+                self._refuse_restart()
         path = broadcast_from_main(path, self.world)
         if path is not None:
             written_by = read_state(Path(path)).get("config_hash")
@@ -241,6 +247,18 @@ class _Run:
         self.step_metrics = metrics_at(read_metrics(self.metrics_file), self.step)
         if self.step < self.cfg.train.steps:
             (self.run_dir / RESULT_FILE).unlink(missing_ok=True)  # it describes a state this run moves past
+
+    def _refuse_restart(self) -> None:
+        """UserError when the run has no checkpoint to resume but training from step 0 would replace what it did:
+        its checkpoints are all damaged (no manifest.json), or it finished (result.json)."""
+        damaged = damaged_checkpoints(self.ckpt_root)
+        if not damaged and read_result(self.run_dir) is None:
+            return  # a new run, or one that stopped before its first checkpoint
+        what = (f"its checkpoints {', '.join(p.name for p in damaged)} have no manifest.json (damaged), so none can "
+                "be resumed" if damaged else f"it finished ({RESULT_FILE}) but has no checkpoint left")
+        raise UserError(f"train.out_dir={str(self.run_dir)!r}: {what}, and training again from step 0 would replace "
+                        f"its {METRICS_FILE}; restore the checkpoints, or move the run directory away (or pass another "
+                        "train.out_dir) to train from step 0")
 
     def train_step(self) -> float:
         cfg = self.cfg
@@ -322,22 +340,29 @@ def train(cfg: RunConfig, reporter: Reporter | None = None, strategy: str = "ddp
     is wrapped by `strategy` (a key of `trainer.distributed.STRATEGIES`), and only rank 0's reporter is
     used. Every worker returns its TrainResult; rank 0's holds the final metrics."""
     validate_config(cfg)
-    reporter = (reporter or Reporter()) if current_world().main else Reporter()
+    main = current_world().main
+    reporter = (reporter or Reporter()) if main else Reporter()
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     try:
-        return _train(cfg, reporter, strategy)
+        chash = config_hash(cfg)
+        run_dir = Path(cfg.train.out_dir) if cfg.train.out_dir else default_out_dir(cfg.name, chash)
+        # rank 0 alone writes the run directory, so it alone holds it (a second writer is refused, naming this PID)
+        what = f"hdrope train of config {chash}"
+        with hold_dir_lock(run_dir, what) if main else contextlib.nullcontext():
+            return _train(cfg, reporter, chash, run_dir, strategy)
     except BaseException as err:
         status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
         reporter.finish(status, f"{type(err).__name__}: {err}")
         raise
 
 
-def _train(cfg: RunConfig, reporter: Reporter, strategy: str) -> TrainResult:
-    run = _Run(cfg, reporter, strategy)
+def _train(cfg: RunConfig, reporter: Reporter, chash: str, run_dir: Path, strategy: str) -> TrainResult:
+    run = _Run(cfg, reporter, chash, run_dir, strategy)
     if run.world.main:
         claim_run_dir(run.run_dir, run.chash, cfg.name)
         (run.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+        store_tokenizer(run.run_dir, getattr(run.data.tokenizer, "path", None))
     run.resume()
     t = cfg.train
     reporter.start(run.run_dir, {**flatten_config(cfg), "config_hash": run.chash}, t.steps, run.step)

@@ -61,16 +61,8 @@ def validate_model_args(a: ModelArgs) -> PositionEncoding:
             f"model.n_heads={a.n_heads} is not divisible by model.n_kv_heads={a.n_kv_heads}; "
             "grouped-query attention needs n_kv_heads to divide n_heads"
         )
-    hd = a.resolved_head_dim
-    n = getattr(a.pe, "rotation_dim", None)
-    if a.pe.kind == "hdrope" and (not isinstance(n, int) or isinstance(n, bool) or n < 2 or n % 2):
-        raise UserError(f"model.pe.rotation_dim={n!r}: must be an even integer >= 2 (the paper uses 2, 4, 8, 32)")
-    if a.pe.kind == "hdrope" and hd % a.pe.rotation_dim:
-        raise UserError(
-            f"model.pe.rotation_dim={a.pe.rotation_dim} does not divide head_dim={hd}; "
-            f"choose a rotation_dim that divides {hd} (leftover channels are only for direct HDRotary use)"
-        )
-    return build_position_encoding(a.pe, EncodingShape(hd, a.n_heads, a.n_kv_heads, a.n_layers, a.max_seq_len))
+    shape = EncodingShape(a.resolved_head_dim, a.n_heads, a.n_kv_heads, a.n_layers, a.max_seq_len)
+    return build_position_encoding(a.pe, shape)  # the kind registry checks model.pe for this shape first
 
 
 @dataclass

@@ -24,6 +24,7 @@ from trainer.config import RunConfig, validate_config
 from trainer.encodings.configs import PEConfig
 from trainer.model import ModelArgs
 from trainer.position import POSITION_ENCODINGS, pe_config_class
+from trainer.tokenizer import absolute_tokenizer
 
 __all__ = [
     "EXPERIMENTS_DIR",
@@ -36,6 +37,7 @@ __all__ = [
     "preset_path",
     "refuse_interpolations",
     "select_pe_kind",
+    "yaml_layer",
 ]
 
 EXPERIMENTS_DIR = Path(__file__).resolve().parent.parent / "experiments"
@@ -151,7 +153,8 @@ def merge_config(layers: list, where: str = "config") -> RunConfig:
 
     `model.pe` is typed by the config class of the kind the layers select (trainer.encodings.configs),
     so a key the kind does not have is an error naming it. Switching to a kind with another config class
-    drops the `model.pe` settings of the layers before the switch (see `select_pe_kind`)."""
+    drops the `model.pe` settings of the layers before the switch (see `select_pe_kind`). A tokenizer.json
+    path is made absolute here, against the current directory, so a run reads one file wherever it resumes."""
     for layer in layers:
         refuse_interpolations(layer, where)
     kind, layers = select_pe_kind(layers, where)
@@ -164,16 +167,21 @@ def merge_config(layers: list, where: str = "config") -> RunConfig:
         raise UserError(f"{where}: bad config key or value at {key!r}: {str(err).splitlines()[0]}"
                         f"{_pe_key_hint(str(key), kind)}") from None
     assert isinstance(cfg, RunConfig)
+    cfg.data.tokenizer = absolute_tokenizer(cfg.data.tokenizer)
     return cfg
+
+
+def yaml_layer(path: Path, fix: str = "fix the file"):
+    """The raw OmegaConf node of a YAML file; UserError naming the file when it is not valid YAML (or not text)."""
+    try:
+        return OmegaConf.load(path)
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise UserError(f"{path}: not valid YAML: {str(err).splitlines()[0]}; {fix}") from None
 
 
 def preset_layer(name_or_path: str):
     """The raw OmegaConf mapping of a preset file (not yet merged onto the schema)."""
-    path = preset_path(name_or_path)
-    try:
-        return OmegaConf.load(path)
-    except Exception as err:  # a YAML syntax error is a user error
-        raise UserError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
+    return yaml_layer(preset_path(name_or_path))
 
 
 def load_config(name_or_path: str, overrides: list[str] | None = None, validate: bool = True) -> RunConfig:

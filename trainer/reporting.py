@@ -6,12 +6,30 @@ checkpoints to Ray Tune and MLflow. The trainer itself never imports Ray.
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
 from hdrope.errors import UserError
 
-__all__ = ["MLflowReporter", "ProgressReporter", "Reporter", "Reporters", "log_eval_metrics", "log_params"]
+__all__ = ["EXPERIMENT_KIND_TAG", "MODEL_TRAINING", "TRAINING_VIEW", "MLflowReporter", "ProgressReporter", "Reporter",
+           "Reporters", "log_eval_metrics", "log_params", "quiet_mlflow_links", "run_link"]
+
+# MLflow 3's UI opens an experiment tagged as model training on its runs (not the GenAI overview); a page whose URL
+# lacks TRAINING_VIEW falls back to the browser's stored view, GenAI by default ("Evaluation runs").
+EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
+TRAINING_VIEW = "workflowType=machine_learning"
+
+
+def run_link(base_url: str, experiment_id: str, run_id: str) -> str:
+    """The MLflow UI page of one run, in the model-training view."""
+    return f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{TRAINING_VIEW}"
+
+
+def quiet_mlflow_links() -> None:
+    """Stop MLflow's own 'View run at' lines (their links open the GenAI view); the lab prints `run_link`s."""
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 
 def log_params(client, run_id: str, params: dict[str, Any]) -> None:
@@ -105,13 +123,19 @@ class MLflowReporter(Reporter):
     def __init__(self, tracking_uri: str, experiment: str, run_name: str, tags: dict[str, str] | None = None) -> None:
         import mlflow
 
+        quiet_mlflow_links()
+        self.uri = tracking_uri
         self.client = mlflow.MlflowClient(tracking_uri)
         exp = self.client.get_experiment_by_name(experiment)
         location = None
         if tracking_uri.startswith("sqlite:///"):  # keep artifacts beside the database, not in ./mlruns
             location = (Path(tracking_uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
-        exp_id = exp.experiment_id if exp else self.client.create_experiment(experiment, artifact_location=location)
-        self.run_id = self.client.create_run(exp_id, run_name=run_name, tags=tags or {}).info.run_id
+        if exp is None:
+            self.experiment_id = self.client.create_experiment(experiment, artifact_location=location,
+                                                               tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
+        else:
+            self.experiment_id = exp.experiment_id
+        self.run_id = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags or {}).info.run_id
 
     def start(self, run_dir, params, total_steps, start_step):
         log_params(self.client, self.run_id, params)
@@ -132,6 +156,8 @@ class MLflowReporter(Reporter):
         if error:
             self.client.set_tag(self.run_id, "error", error[:5000])
         self.client.set_terminated(self.run_id, status)
+        if self.uri.startswith(("http://", "https://")):
+            print(f"MLflow run: {run_link(self.uri, self.experiment_id, self.run_id)}", file=sys.stderr)
 
 
 def log_eval_metrics(tracking_uri: str, config_hash: str, metrics: dict[str, float], step: int,

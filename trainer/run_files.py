@@ -4,6 +4,9 @@
     metrics.jsonl   one JSON object per report, {"step": s, metric: value, ...}; each metric at most once per step
     result.json     the final result (config hash, step, stop reason, every final metric, data-parallel workers)
     lm_eval.json    downstream benchmark results of `hdrope eval lm-eval` (flat lm_<task>_<metric> under "metrics")
+    tokenizer.json  the run's tokenizer (a tokenizer.json path or a trained BPE), copied when the run starts: resume
+                    checks it, export and evaluation read it, so one run has one tokenizer wherever it is used
+    .hdrope.lock    held by the one process training into the directory (`trainer.dir_lock`)
 
 A resumed run cuts metrics.jsonl back to the step it resumes from, so the file always equals the
 one an uninterrupted run writes. Readers tolerate a last line that is still being written.
@@ -14,16 +17,19 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 from hdrope.errors import UserError
+from trainer.cache import sha256_file
 
 __all__ = [
     "LM_EVAL_FILE",
     "METRICS_FILE",
     "RESULT_FILE",
     "RUN_FILE",
+    "TOKENIZER_FILE",
     "append_metrics",
     "claim_run_dir",
     "default_out_dir",
@@ -31,11 +37,13 @@ __all__ = [
     "read_lm_eval",
     "read_metrics",
     "read_result",
+    "store_tokenizer",
     "truncate_metrics",
     "write_json_atomic",
 ]
 
 RUN_FILE, METRICS_FILE, RESULT_FILE, LM_EVAL_FILE = "run.json", "metrics.jsonl", "result.json", "lm_eval.json"
+TOKENIZER_FILE = "tokenizer.json"
 
 
 def default_out_dir(name: str, config_hash: str) -> Path:
@@ -65,7 +73,29 @@ def read_result(run_dir: Path) -> dict[str, Any] | None:
     path = Path(run_dir) / RESULT_FILE
     if not path.is_file():
         return None
-    return _read_json(path, "result.json", "delete it and resume the run (`hdrope sweep resume` or `hdrope train`)")
+    fix = "delete it and resume the run (`hdrope sweep resume` or `hdrope train`)"
+    result = _read_json(path, "result.json", fix)
+    if (problem := _result_problem(result)) is not None:
+        raise UserError(f"{path}: result.json is corrupt ({problem}); {fix}")
+    return result
+
+
+def _result_problem(result: dict[str, Any]) -> str | None:
+    """What makes a parsed result.json not one the trainer wrote, or None."""
+    if not isinstance(result.get("config_hash"), str) or not result["config_hash"]:
+        return f"config_hash is {result.get('config_hash')!r}, not a config hash"
+    step = result.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return f"step is {step!r}, not a step count"
+    metrics = result.get("metrics")
+    if not isinstance(metrics, dict):
+        return f"metrics is {type(metrics).__name__}, not a mapping of metric names to numbers"
+    bad = {k: v for k, v in metrics.items()
+           if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v))}
+    if bad:
+        name, value = next(iter(bad.items()))
+        return f"metric {name} is {value!r}, not a finite number or null"
+    return None
 
 
 def read_lm_eval(run_dir: Path) -> dict[str, float]:
@@ -97,6 +127,23 @@ def claim_run_dir(run_dir: Path, config_hash: str, name: str) -> None:
             )
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / RUN_FILE, {"config_hash": config_hash, "name": name})
+
+
+def store_tokenizer(run_dir: Path, source: Path | None) -> None:
+    """Keep a copy of the run's tokenizer.json (source; None for the byte tokenizer) as run_dir/tokenizer.json;
+    UserError when the run already holds a different one (a resume must use the tokenizer it started with)."""
+    if source is None:
+        return
+    dest = Path(run_dir) / TOKENIZER_FILE
+    if dest.is_file():
+        if sha256_file(dest) != sha256_file(source):
+            raise UserError(f"{dest}: the run's tokenizer differs from the one data.tokenizer gives now ({source}); "
+                            "a run keeps the tokenizer it started with: resume with that tokenizer, or pass another "
+                            "train.out_dir")
+        return
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    shutil.copyfile(source, tmp)
+    os.replace(tmp, dest)
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

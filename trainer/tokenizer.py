@@ -2,22 +2,29 @@
 
 `load_tokenizer(cfg.data, corpus)` picks one from `data.tokenizer`: `bytes`, `bpe` (trained with
 HF `tokenizers`, cached by a hash of the training text and the vocabulary size) or a path to a
-`tokenizer.json`. Every tokenizer encodes without adding special tokens.
+`tokenizer.json`. Every tokenizer encodes without adding special tokens. A path is made absolute once,
+when the config is assembled (`absolute_tokenizer`), and a run's config hash holds the file's sha256,
+not its path (`tokenizer_hash_key`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Protocol
 
 from hdrope.errors import UserError
 from trainer.cache import build_once, cache_root, sha256_file
 
-__all__ = ["BPE_SPECIALS", "ByteTokenizer", "JsonTokenizer", "Tokenizer", "load_tokenizer", "train_bpe"]
+__all__ = ["BPE_SPECIALS", "BUILTIN_TOKENIZERS", "ByteTokenizer", "JsonTokenizer", "Tokenizer", "absolute_tokenizer",
+           "load_tokenizer", "tokenizer_hash_key", "tokenizer_problem", "train_bpe"]
 
 BPE_SPECIALS = ["<|endoftext|>", "<|pad|>"]
+BUILTIN_TOKENIZERS = ("bytes", "bpe")  # every other data.tokenizer is the path of a tokenizer.json
 _EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
+_BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "[CLS]")
+_PAD_NAMES = ("<|pad|>", "<pad>", "[PAD]", "<|padding|>")
 
 
 class Tokenizer(Protocol):
@@ -63,8 +70,12 @@ class JsonTokenizer:
             raise UserError(f"data.tokenizer={str(path)!r}: not a loadable tokenizer.json ({err})") from None
         self.path = path
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-        self.eos_id = next((i for n in _EOS_NAMES if (i := self._tok.token_to_id(n)) is not None), None)
+        self.bos_id, self.eos_id, self.pad_id = (self._special(names) for names in (_BOS_NAMES, _EOS_NAMES, _PAD_NAMES))
         self.identity = "json-" + sha256_file(path)[:16]
+
+    def _special(self, names: tuple[str, ...]) -> int | None:
+        """The id of the first of these special tokens the vocabulary has, or None."""
+        return next((i for n in names if (i := self._tok.token_to_id(n)) is not None), None)
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
@@ -104,6 +115,34 @@ def _bpe_path(texts: list[str], vocab_size: int, cache_dir: str) -> Path:
     return build_once(final, lambda tmp: train_bpe(texts, vocab_size, tmp / "tokenizer.json")) / "tokenizer.json"
 
 
+def absolute_tokenizer(kind: str) -> str:
+    """data.tokenizer with a path made absolute against the current directory (bytes and bpe as they are)."""
+    if kind in BUILTIN_TOKENIZERS or not isinstance(kind, str) or not kind:
+        return kind
+    return os.path.abspath(Path(kind).expanduser())
+
+
+def tokenizer_problem(kind: str) -> str | None:
+    """Why data.tokenizer names no usable tokenizer (the field, the value, the fix), or None."""
+    if kind in BUILTIN_TOKENIZERS:
+        return None
+    path = Path(kind).expanduser()
+    if path.suffix != ".json" or not path.is_file():
+        return (f"data.tokenizer={kind!r}: not 'bytes', 'bpe' or an existing tokenizer.json path; "
+                "give the path of a HF tokenizer.json file")
+    return None
+
+
+def tokenizer_hash_key(kind: str) -> str:
+    """What a config hash holds for data.tokenizer: bytes and bpe as they are, a tokenizer.json by its content
+    (sha256), so a moved copy is the same run and an edited file another one."""
+    if kind in BUILTIN_TOKENIZERS:
+        return kind
+    if (problem := tokenizer_problem(kind)) is not None:
+        raise UserError(problem)
+    return "sha256:" + sha256_file(Path(kind).expanduser())
+
+
 def load_tokenizer(kind: str, train_texts: list[str] | None = None, vocab_size: int = 1024, cache_dir: str = ""):
     """`bytes`, `bpe` (needs train_texts) or a tokenizer.json path -> Tokenizer."""
     if kind == "bytes":
@@ -112,10 +151,6 @@ def load_tokenizer(kind: str, train_texts: list[str] | None = None, vocab_size: 
         if not train_texts:
             raise UserError("data.tokenizer=bpe needs training text to learn merges from")
         return JsonTokenizer(_bpe_path(train_texts, vocab_size, cache_dir))
-    path = Path(kind).expanduser()
-    if path.suffix != ".json" or not path.is_file():
-        raise UserError(
-            f"data.tokenizer={kind!r}: not 'bytes', 'bpe' or an existing tokenizer.json path; "
-            "give the path of a HF tokenizer.json file"
-        )
-    return JsonTokenizer(path)
+    if (problem := tokenizer_problem(kind)) is not None:
+        raise UserError(problem)
+    return JsonTokenizer(Path(kind).expanduser())

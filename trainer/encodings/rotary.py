@@ -170,10 +170,7 @@ class RPE3D(FrequencyRoPE):
     merged by log-sum-exp) around this rotation; the lab implements the paper's formula only."""
 
     def __init__(self, theta: float, chunk_size: int, phi_base: float, head_dim: int, min_len: int) -> None:
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-            raise UserError(f"model.pe.chunk_size={chunk_size!r}: must be a positive integer, e.g. 128")
-        if not phi_base > 1:
-            raise UserError(f"model.pe.phi_base={phi_base!r}: must be > 1 (φ_j = phi_base^-j), e.g. 10000")
+        # chunk_size and phi_base are checked by the kind registry (trainer.position) before building
         super().__init__(rope_freqs(check_theta(theta), head_dim // 2), head_dim, min_len,
                          f"chunk_size={chunk_size}, phi_base={phi_base:g}")
         self.phases = ChunkPhaseTable(self.phases.freqs, min_len, chunk_size, phi_base)

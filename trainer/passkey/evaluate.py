@@ -96,7 +96,7 @@ def evaluate_dataset(checkpoint: Path, dataset: Path, out: Path | None = None, m
     _check_args(out, max_lines_per_file)
     meta = _read_meta(dataset)
     cfg = run_config(checkpoint)
-    tok = run_tokenizer(cfg)
+    tok = run_tokenizer(cfg, Path(checkpoint).parent.parent)
     if tok.identity != meta["tokenizer"]:
         raise UserError(f"{dataset} was built with tokenizer {meta['tokenizer']} but the model uses {tok.identity}; "
                          "rebuild the dataset with the model's tokenizer")

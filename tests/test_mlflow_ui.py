@@ -1,0 +1,134 @@
+"""`hdrope ui` at its edges (issue 19), against a real `mlflow server`: the README's --allowed-hosts form, ports out
+of range or 0, and the runs-table link it prints."""
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import psutil
+import pytest
+
+SPEC = """
+name: uisweep
+base: tiny
+storage: {storage}
+axes: {{model.pe.rotation_dim: [2, 4]}}
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ui(*args, cwd):
+    return subprocess.Popen([sys.executable, "-m", "hdrope.console", "ui", *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _alive(procs):
+    return [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def _stop(proc) -> list:
+    """SIGTERM `hdrope ui` (it stops its server's tree), kill whatever is left; returns the tree it had."""
+    tree = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    finally:
+        for p in _alive(tree):
+            p.kill()
+        proc.kill()
+    return tree
+
+
+@pytest.fixture
+def sweep_store(tmp_path):
+    """A planned sweep with its MLflow experiment and parent run (what a sweep's driver writes before Ray)."""
+    from sweeps.runner import prepare, write_plan
+    from sweeps.tracking import SweepTracker
+
+    spec = tmp_path / "uisweep.yaml"
+    spec.write_text(SPEC.format(storage=tmp_path / "store"))
+    plan = prepare(str(spec))
+    write_plan(plan)
+    SweepTracker(f"sqlite:///{plan.root / 'mlflow.db'}", "uisweep").parent_run()
+    return tmp_path / "store"
+
+
+@pytest.mark.parametrize("port", ["70000", "-1"])
+def test_a_port_out_of_range_exits_2(tmp_path, port):
+    out = subprocess.run([sys.executable, "-m", "hdrope.console", "ui", "--tracking-uri",
+                          f"sqlite:///{tmp_path / 'm.db'}", "--port", port], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"--port {port}: a TCP port is 1 to 65535 (0 picks a free one)" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def _status(url: str, host: str) -> int:
+    request = urllib.request.Request(url, headers={"Host": host})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+@pytest.mark.slow
+def test_the_readmes_allowed_hosts_form_answers_its_names_and_loopback(sweep_store, tmp_path):
+    port = _free_port()
+    ui = _ui("uisweep", "--storage", str(sweep_store), "--port", str(port), "--allowed-hosts",
+             f"lab-box,lab-box:{port}", cwd=tmp_path)
+    try:
+        first, second = ui.stdout.readline(), ui.stdout.readline()  # the URL, then the runs page
+        assert f"http://127.0.0.1:{port}" in first, ui.stderr.read() if ui.poll() is not None else first
+        assert "runs of uisweep: http://127.0.0.1" in second
+        api = f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search?max_results=5"
+        assert _status(api, f"lab-box:{port}") == 200  # the names the user gave
+        assert _status(api, f"127.0.0.1:{port}") == 200 and _status(api, f"localhost:{port}") == 200  # loopback
+        assert _status(api, f"evil.example:{port}") == 403  # the DNS-rebinding guard still holds
+    finally:
+        _stop(ui)
+    assert ui.returncode == 143 and "Traceback" not in ui.stderr.read()
+
+
+@pytest.mark.slow
+def test_port_0_serves_on_a_free_port_and_prints_it(sweep_store, tmp_path):
+    ui = _ui("uisweep", "--storage", str(sweep_store), "--port", "0", cwd=tmp_path)
+    try:
+        line = ui.stdout.readline()
+        found = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+        assert found and int(found.group(1)) > 0, line
+        with urllib.request.urlopen(f"{found.group(0)}/health", timeout=10) as r:
+            assert r.status == 200
+    finally:
+        tree = _stop(ui)
+    assert ui.returncode == 143 and not _alive(tree)
+
+
+@pytest.mark.slow
+def test_the_printed_runs_page_opens_the_training_view_with_metric_columns_sorted(sweep_store, tmp_path):
+    import mlflow
+
+    port = _free_port()
+    ui = _ui("uisweep", "--storage", str(sweep_store), "--port", str(port), cwd=tmp_path)
+    try:
+        ui.stdout.readline()
+        page = re.search(r"(http://\S+)", ui.stdout.readline()).group(1)
+        exp = mlflow.MlflowClient(f"http://127.0.0.1:{port}").get_experiment_by_name("uisweep")
+    finally:
+        _stop(ui)
+    assert "workflowType=machine_learning" in page and "viewStateShareKey=hdrope-runs" in page
+    assert "orderByKey" not in page  # an order in the URL would make MLflow's UI ignore the stored view
+    view = json.loads(exp.tags["mlflow.sharedViewState.hdrope-runs"])
+    assert view["selectedColumns"][:3] == ["metrics.`val_loss`", "metrics.`val_loss_x2`", "metrics.`passkey_acc`"]
+    assert view["orderByKey"] == "metrics.`val_loss`" and view["orderByAsc"] is True
