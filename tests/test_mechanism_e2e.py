@@ -29,5 +29,8 @@ def test_tiny_mechanism_study_runs_and_reports_the_gap_per_optimizer(tmp_path, c
     assert rep.returncode == 0, rep.stderr[-3000:]
     text = (tmp_path / "store" / spec.name / "report" / "report.md").read_text()
     assert "## Optimiser mechanism" in text
-    assert "under name=adamw:" in text and "under name=sgd" in text and "gap(name=adamw) − gap(name=sgd" in text
-    assert "4D identity, optim=name=adamw" in text  # the optimiser is part of each variant, never pooled
+    from trainer.labels import value_label
+
+    adamw, sgd = (value_label(OmegaConf.to_container(v)) for v in spec.axes.optim)
+    assert f"under {adamw}:" in text and f"under {sgd}" in text and f"gap({adamw}) − gap({sgd})" in text
+    assert f"4D identity, optim={adamw}" in text  # the optimiser is part of each variant, never pooled
