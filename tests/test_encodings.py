@@ -280,6 +280,9 @@ def test_the_kind_picks_its_typed_config_and_other_kinds_keys_are_errors():
         load_config("tiny", ["model.pe.kind=fope", "model.pe.basis=paley"])
     with pytest.raises(UserError, match=r"model\.pe\.chunk_size=0"):
         load_config("tiny", ["model.pe.kind=rpe3d", "model.pe.chunk_size=0"])
+    with pytest.raises(UserError) as err:  # a key the kind has, with a bad value: no list of the kind's keys
+        load_config("tiny", ["model.pe.seed=1e20"])
+    assert "'model.pe.seed'" in str(err.value) and "has the keys" not in str(err.value)
     with pytest.raises(UserError, match=r"model\.pe\.fraction=1\.5"):
         load_config("tiny", ["model.pe.kind=partial_rope", "model.pe.fraction=1.5"])
     with pytest.raises(UserError, match=r"model\.pe\.init='qr'"):

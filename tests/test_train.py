@@ -199,6 +199,7 @@ def _hdrope(*args: str, cwd=None, env=None, timeout: int = 300) -> subprocess.Co
                           timeout=timeout, cwd=cwd, env=env)
 
 
+@pytest.mark.slow
 def test_a_second_train_into_one_run_directory_is_refused_naming_the_first(tmp_path, cache_dir):
     # both used to exit 0 over one mixed run directory
     import time

@@ -17,7 +17,7 @@ from typing import Any
 
 from hdrope.errors import UserError
 from trainer.model import ModelArgs, validate_model_args
-from trainer.tokenizer import tokenizer_hash_key, tokenizer_problem
+from trainer.tokenizer import tokenizer_hash_key
 
 __all__ = [
     "BASE_METRICS",
@@ -239,8 +239,6 @@ def config_errors(cfg: RunConfig) -> list[str]:
         errors.append(f"data.val_fraction={d.val_fraction!r}: must be in (0, 1), e.g. 0.1")
     if not 0.0 <= d.passkey_ratio <= 1.0:
         errors.append(f"data.passkey_ratio={d.passkey_ratio!r}: must be in [0, 1]")
-    if (problem := tokenizer_problem(d.tokenizer)) is not None:
-        errors.append(problem)
     if d.tokenizer == "bpe" and not 260 <= d.bpe_vocab_size <= 65535:
         errors.append(f"data.bpe_vocab_size={d.bpe_vocab_size!r}: must be in [260, 65535]")
     if not 0 <= d.passkey.min_key <= d.passkey.max_key:
@@ -312,7 +310,7 @@ def flatten_config(cfg: RunConfig) -> dict[str, Any]:
 
 def config_hash(cfg: RunConfig) -> str:
     """sha256 (16 hex) of the semantic config: output paths, verbosity and caches excluded; a tokenizer.json
-    counts by its content, not its path (UserError when the file is missing)."""
+    counts by its content, not its path (`tokenizer_hash_key`)."""
     flat = {k: v for k, v in flatten_config(cfg).items() if k not in _NON_SEMANTIC and k != "name"}
     flat["data.tokenizer"] = tokenizer_hash_key(cfg.data.tokenizer)
     return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -347,18 +347,18 @@ def train(cfg: RunConfig, reporter: Reporter | None = None, strategy: str = "ddp
     try:
         chash = config_hash(cfg)
         run_dir = Path(cfg.train.out_dir) if cfg.train.out_dir else default_out_dir(cfg.name, chash)
+        run = _Run(cfg, reporter, chash, run_dir, strategy)  # data and model ready; nothing written in run_dir yet
         # rank 0 alone writes the run directory, so it alone holds it (a second writer is refused, naming this PID)
-        what = f"hdrope train of config {chash}"
-        with hold_dir_lock(run_dir, what) if main else contextlib.nullcontext():
-            return _train(cfg, reporter, chash, run_dir, strategy)
+        with hold_dir_lock(run_dir, f"hdrope train of config {chash}") if main else contextlib.nullcontext():
+            return _train(run)
     except BaseException as err:
         status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
         reporter.finish(status, f"{type(err).__name__}: {err}")
         raise
 
 
-def _train(cfg: RunConfig, reporter: Reporter, chash: str, run_dir: Path, strategy: str) -> TrainResult:
-    run = _Run(cfg, reporter, chash, run_dir, strategy)
+def _train(run: _Run) -> TrainResult:
+    cfg, reporter = run.cfg, run.reporter
     if run.world.main:
         claim_run_dir(run.run_dir, run.chash, cfg.name)
         (run.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))

@@ -144,6 +144,8 @@ def _pe_key_hint(key: str, kind: str) -> str:
     if not key.startswith("model.pe."):
         return ""
     fields = [f.name for f in dataclasses.fields(pe_config_class(kind))]
+    if key.split(".")[2] in fields:  # the kind has the key: its value is what is wrong
+        return ""
     return (f"; model.pe.kind={kind!r} has the keys {fields} (each kind has its own settings: put kind-specific "
             "keys in the cells of that kind, not on a grid axis crossed with other kinds)")
 
