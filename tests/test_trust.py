@@ -167,12 +167,14 @@ def test_resume_continues_metrics_without_repeating_steps(tiny_cfg):
 
     reference = run.parent / "reference" / "metrics.jsonl"
     assert records(run / "metrics.jsonl") == records(reference)  # the file an uninterrupted run writes
-    # every checkpoint manifest gone: it retrains from 0 over its own directory, still without duplicate steps
+    # every checkpoint manifest gone: refused (no silent retrain from 0 over the run), its metrics left as they were
     for manifest in (run / "checkpoints").glob("*/manifest.json"):
         manifest.unlink()
-    train(cfg)
-    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").open()]
-    assert steps == sorted(steps) and records(run / "metrics.jsonl") == records(reference)
+    from hdrope.errors import UserError
+
+    with pytest.raises(UserError, match=r"have no manifest\.json \(damaged\), so none can be resumed"):
+        train(cfg)
+    assert records(run / "metrics.jsonl") == records(reference)
 
 
 def test_a_copied_sweep_writes_into_itself(tiny_sweep, tmp_path):
