@@ -17,7 +17,7 @@ from analysis.outcomes import seed_values
 from analysis.stats import CORRECTIONS, adjust, compare, detectable_difference, seeds_to_reach
 from analysis.variants import theta_text, variant_axes
 
-__all__ = ["COLUMNS", "comparison_table", "fmt", "is_rope", "references", "verdict"]
+__all__ = ["COLUMNS", "comparison_table", "correction_text", "fmt", "is_rope", "references", "verdict"]
 
 COLUMNS = ["metric", "theta", "variant", "reference", "delta", "lo", "hi", "p", "p_adj", "n", "paired", "method",
            "testable", "significant", "mde", "family", "correction", "level"]

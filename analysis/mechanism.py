@@ -36,7 +36,7 @@ def _ci_text(c: Comparison) -> str:
 
 
 def _gap(ident: pd.Series, paley: pd.Series) -> pd.Series:
-    """Per seed: identity − Paley (seeds both ran), or the two arms as they are when they share no seed."""
+    """Per seed: identity − Paley over the seeds both ran (empty when they share none)."""
     return (ident - paley).dropna()
 
 
