@@ -26,7 +26,7 @@ __all__ = ["main", "write_synthetic_dump"]
 
 def write_synthetic_dump(path: Path, length: int, n_maps: int, per_group: int = 64, seed: int = 0) -> int:
     """Write n_maps random causal softmax maps (L × L, fp16) in the dump schema; return bytes of map data."""
-    from trainer.attention_dump import DUMP_SCHEMA_VERSION
+    from trainer.evals.attention_dump import DUMP_SCHEMA_VERSION
 
     rng = np.random.default_rng(seed)
     tensor_type = pa.fixed_shape_tensor(pa.float16(), [length, length])

@@ -54,7 +54,7 @@ def open_dump(path: str | Path, kind: str = "attention") -> pq.ParquetFile:
     meta = pf.schema_arrow.metadata or {}
     if _SCHEMA_KEY not in meta:
         raise UserError(f"{path}: not an hdrope dump (no {_SCHEMA_KEY.decode()} metadata); "
-                         "dumps are written by trainer.attention_dump")
+                         "dumps are written by trainer.evals.attention_dump")
     need = {"attention": ("attn", "layer", "head", "erank"), "profile": ("logit_mean", "layer", "head")}[kind]
     missing = [c for c in need if c not in pf.schema_arrow.names]
     if missing:
@@ -64,7 +64,7 @@ def open_dump(path: str | Path, kind: str = "attention") -> pq.ParquetFile:
     if wrong:
         article = "an" if kind[0] in "aeiou" else "a"
         raise UserError(f"{path}: not {article} {kind} dump of this lab ({'; '.join(wrong)}); dumps are written by "
-                        "trainer.attention_dump: re-dump the run (dump.enabled=true)")
+                        "trainer.evals.attention_dump: re-dump the run (dump.enabled=true)")
     return pf
 
 

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from hdrope.errors import UserError
 from trainer.config import COST_METRICS
-from trainer.run_files import read_metrics
+from trainer.files.run_files import read_metrics
 
 __all__ = ["COST_METRICS", "cost_table", "is_proportion", "outcome_metrics", "read_passkey", "seed_values"]
 

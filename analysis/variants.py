@@ -1,6 +1,6 @@
 """Variants: the cells of a sweep grouped by every axis except the seeds (what a report averages over).
 
-A variant is the encoding label (`pe_label`, from `trainer.position.encoding_identity`) plus the
+A variant is the encoding label (`pe_label`, from `trainer.model.position.encoding_identity`) plus the
 value of every other axis that is not a seed, not θ (θ is a table column and an x axis) and not
 already said by the label (kind, rotation dim, basis). Names are built from values and never parsed
 back; order comes from the identity columns. The axes and seed axes are read from the metadata

@@ -1,4 +1,5 @@
-"""sweeps: spec schema, Ray Tune orchestration, MLflow tracking, cluster submission, resume.
+"""sweeps: the spec schema, its plan, Ray Tune orchestration, MLflow tracking, cluster submission, resume, and the
+`hdrope` console that assembles the lab's commands.
 
-Not built yet (issue 4). Calls `trainer.train` through its reporter hook.
+Calls `trainer.train` through its reporter hook.
 """

@@ -41,7 +41,7 @@ def run_sweep_bench(steps: int = 30, concurrent: int = 1) -> dict:
 
     from sweeps.runner import _execute, _init_ray, prepare, write_plan
     from sweeps.tracking import default_tracking_uri
-    from trainer.loop import train
+    from trainer.run.loop import train
 
     with tempfile.TemporaryDirectory() as tmp:
         spec_file = Path(tmp) / "bench.yaml"

@@ -13,9 +13,9 @@ from ray import tune
 from sweeps.tracking import ServerWatch, SweepTracker, cell_run_name, is_outage
 from sweeps.trainable import reported_metrics, resolve_cell
 from trainer.config import config_hash, flatten_config
+from trainer.files.run_files import RESULT_FILE
 from trainer.labels import value_label
-from trainer.position import encoding_identity
-from trainer.run_files import RESULT_FILE
+from trainer.model.position import encoding_identity
 
 __all__ = ["TrackingCallback", "cell_end_ms", "trial_name"]
 

@@ -101,7 +101,7 @@ def _status(a: argparse.Namespace) -> int:
 
 
 def _last_metrics(run_dir: Path) -> dict:
-    from trainer.run_files import METRICS_FILE, read_metrics
+    from trainer.files.run_files import METRICS_FILE, read_metrics
 
     last: dict = {}
     for rec in read_metrics(run_dir / METRICS_FILE):  # tolerates a line being written
@@ -111,7 +111,7 @@ def _last_metrics(run_dir: Path) -> dict:
 
 def _logs(a: argparse.Namespace) -> int:
     from sweeps.runner import find_sweep
-    from trainer.run_files import METRICS_FILE, read_metrics
+    from trainer.files.run_files import METRICS_FILE, read_metrics
 
     payload = find_sweep(a.name, a.storage)
     root = Path(payload["root"])

@@ -47,7 +47,7 @@ def _shape_key(cfg: RunConfig) -> str:
 
 def estimate_sweep(plan: Plan) -> dict[str, Any]:
     """Estimated seconds for the plan's trials here: {total_s, per_trial_s, step_s, concurrent}, or {reason}."""
-    from trainer.bench import step_seconds
+    from trainer.run.bench import step_seconds
 
     s = plan.summary()
     if plan.spec.search.kind != "grid":

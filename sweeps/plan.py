@@ -2,7 +2,7 @@
 
 Nothing runs until every cell is valid; all problems come out in one `SpecError`. Cells that are
 provably the same model share a dedup group and train once; which settings are irrelevant is the
-encoding registry's call (`trainer.position.dedup_pe`: N = 2 with any basis is RoPE, NOTES §1; the
+encoding registry's call (`trainer.model.position.dedup_pe`: N = 2 with any basis is RoPE, NOTES §1; the
 seed of a non-random basis is unused; `nope` ignores every rotary setting; `fused` is another kernel).
 """
 
@@ -25,10 +25,10 @@ from omegaconf import DictConfig, OmegaConf
 from hdrope.errors import UserError
 from sweeps.spec import SpecError, SweepSpec, check_name
 from trainer.config import RunConfig, config_errors, config_hash, metric_names
-from trainer.distributed import STRATEGIES
 from trainer.labels import value_label
-from trainer.position import dedup_pe
+from trainer.model.position import dedup_pe
 from trainer.presets import merge_config, preset_layer
+from trainer.run.distributed import STRATEGIES
 
 __all__ = ["ALIASES", "SEED_KEYS", "Cell", "Plan", "cell_config", "make_plan", "metric_driven", "seed_axes",
            "sweep_dir"]

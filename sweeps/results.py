@@ -2,7 +2,7 @@
 
 Columns: sweep, cell_id, trained_cell (the cell that actually trained), dedup_of, status
 (FINISHED | FAILED | RUNNING | PENDING | CORRUPT), error, config_hash, the encoding identity of the cell
-(`trainer.position.encoding_identity`: pe_kind, pe_label, rotation_dim, basis, basis_seed, theta,
+(`trainer.model.position.encoding_identity`: pe_kind, pe_label, rotation_dim, basis, basis_seed, theta,
 scaling), seed, steps, run_dir, the axis values (one string column per axis key, named by the dotted
 key), and every final metric the cells planned or produced (val_loss_x16 included when configured; the
 lm_<task>_<metric> columns of `hdrope eval lm-eval` when a cell was evaluated).
@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 
 from hdrope.errors import UserError
 from trainer.config import BASE_METRICS, metric_names
-from trainer.position import IDENTITY_COLUMNS, encoding_identity
-from trainer.run_files import RUN_FILE, read_lm_eval, read_result
+from trainer.files.run_files import RUN_FILE, read_lm_eval, read_result
+from trainer.model.position import IDENTITY_COLUMNS, encoding_identity
 
 __all__ = ["axis_columns", "cell_rows", "planned_frame", "write_results"]
 

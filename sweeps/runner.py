@@ -36,9 +36,9 @@ from sweeps.tracking import (
     share_runs_view,
 )
 from sweeps.trainable import plan_payload, read_payload, run_trial
-from trainer.dir_lock import hold_dir_lock
-from trainer.reporting import check_tracking_uri, quiet_mlflow_links
-from trainer.run_files import METRICS_FILE, read_metrics, write_json_atomic
+from trainer.files.dir_lock import hold_dir_lock
+from trainer.files.run_files import METRICS_FILE, read_metrics, write_json_atomic
+from trainer.run.reporting import check_tracking_uri, quiet_mlflow_links
 
 __all__ = ["find_sweep", "prepare", "resume_sweep", "run_sweep", "write_plan"]
 

@@ -71,7 +71,7 @@ class Resources:
 
     workers = 1 trains in the trial's own process with `cpus` and `gpus`. workers = W > 1 makes the trial a Ray
     Train run of W data-parallel workers, each with `cpus` CPUs and `gpus_per_worker` GPUs, under `strategy` (a
-    key of `trainer.distributed.STRATEGIES`); the trial's own process then only drives it and holds nothing."""
+    key of `trainer.run.distributed.STRATEGIES`); the trial's own process then only drives it and holds nothing."""
 
     cpus: float = 1.0
     gpus: float = 0.0

@@ -43,7 +43,7 @@ def submit_sweep(spec_path: str, address: str, overrides: list[str] | None = Non
     if not spec.is_relative_to(work):
         raise UserError(f"spec {spec_path!r} is outside --working-dir {str(work)!r}; the job only sees that folder")
     sets = [*overrides, f"storage={plan.root.parent}"]
-    entry = " ".join(["python -m hdrope.console sweep run", shlex.quote(str(spec.relative_to(work))),
+    entry = " ".join(["python -m sweeps.console sweep run", shlex.quote(str(spec.relative_to(work))),
                       "--address auto", *(f"--set {shlex.quote(s)}" for s in sets)])
     runtime_env = {"working_dir": str(work), "excludes": _EXCLUDES}
     job_id = _client(address).submit_job(entrypoint=entry, runtime_env=runtime_env, metadata={"sweep": plan.spec.name})

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.labels import value_label
-from trainer.reporting import EXPERIMENT_KIND_TAG, MODEL_TRAINING, TRAINING_VIEW, log_params
+from trainer.run.reporting import EXPERIMENT_KIND_TAG, MODEL_TRAINING, TRAINING_VIEW, log_params
 
 __all__ = [
     "EXPERIMENT_KIND_TAG",

@@ -7,7 +7,7 @@ step (listed under `reported`). Tune's checkpoint of a trial is a pointer to the
 (one copy on disk); a retried trial resumes from it.
 
 With `resources.workers` W > 1 the trial only drives a Ray Train run (Train V2: a `TorchTrainer` built and
-fitted inside the Tune function): W data-parallel workers train the cell (`trainer.distributed`), and rank 0's
+fitted inside the Tune function): W data-parallel workers train the cell (`trainer.run.distributed`), and rank 0's
 reporter sends each result and checkpoint pointer through a queue to the trial, which reports them to Tune
 as a one-process trial would.
 """
@@ -28,9 +28,9 @@ from hdrope.errors import UserError
 from sweeps.plan import cell_config, metric_driven, seed_axes
 from sweeps.spec import Resources, SweepSpec, check_name
 from trainer.config import RunConfig
+from trainer.files.run_files import read_result
 from trainer.presets import merge_config, refuse_interpolations
-from trainer.reporting import Reporter
-from trainer.run_files import read_result
+from trainer.run.reporting import Reporter
 
 __all__ = ["REPORTED", "TuneReporter", "WorkerReporter", "plan_payload", "read_payload", "reported_metrics",
            "resolve_cell", "run_trial", "train_worker", "trial_resources", "tune_result"]
@@ -200,7 +200,7 @@ def train_worker(loop_config: dict[str, Any]) -> None:
     import ray.train
 
     from sweeps.progress import quiet_logs
-    from trainer.loop import train
+    from trainer.run.loop import train
 
     quiet_logs()
     cfg = merge_config([OmegaConf.create(loop_config["config"])], where=f"cell {loop_config['cell_id']}")
@@ -272,7 +272,7 @@ def run_trial(config: dict[str, Any], payload: dict[str, Any]) -> None:
     from ray import tune
 
     from sweeps.progress import quiet_logs
-    from trainer.loop import train
+    from trainer.run.loop import train
 
     quiet_logs()
     cell_id, cfg, _ = resolve_cell(payload, config)

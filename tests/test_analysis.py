@@ -120,7 +120,7 @@ def test_truncated_and_foreign_files_get_clear_errors(tiny_sweep, tmp_path):
 def test_report_from_a_sweep_writes_markdown_and_real_pngs(tiny_sweep):
     from PIL import Image
 
-    out = subprocess.run([sys.executable, "-m", "hdrope.console", "report", str(tiny_sweep)],
+    out = subprocess.run([sys.executable, "-m", "sweeps.console", "report", str(tiny_sweep)],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     md = (tiny_sweep / "report" / "report.md").read_text()
@@ -144,19 +144,19 @@ def test_report_from_a_sweep_writes_markdown_and_real_pngs(tiny_sweep):
 
 
 def test_theory_cli_writes_csv_and_plots(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "hdrope.console", "theory", "--rotation-dim", "2", "4", "8", "32",
+    out = subprocess.run([sys.executable, "-m", "sweeps.console", "theory", "--rotation-dim", "2", "4", "8", "32",
                           "--theta", "1e4", "5e5", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     table = pd.read_csv(tmp_path / "theory.csv")
     assert len(table) == 8 and table.set_index(["rotation_dim", "theta"]).loc[(32, 1e4), "n_frequencies"] == 2
     assert len(list(tmp_path.glob("*.png"))) == 6
-    bad = subprocess.run([sys.executable, "-m", "hdrope.console", "theory", "--rotation-dim", "6", "--out",
+    bad = subprocess.run([sys.executable, "-m", "sweeps.console", "theory", "--rotation-dim", "6", "--out",
                           str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--rotation-dim 6" in bad.stderr
 
 
 def test_bench_analysis_reports_side_by_side_rates():
-    out = subprocess.run([sys.executable, "-m", "hdrope.console", "bench", "analysis", "--gib", "0.01",
+    out = subprocess.run([sys.executable, "-m", "sweeps.console", "bench", "analysis", "--gib", "0.01",
                           "--seconds", "1", "--json"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     import json
@@ -232,7 +232,7 @@ def test_sweep_plan_detect_prints_the_seeds_a_difference_needs(tiny_sweep, tmp_p
     spec = tmp_path / "next.yaml"
     spec.write_text("name: next\nbase: tiny\naxes:\n  model.pe.rotation_dim: [2, 4]\n"
                     "  model.pe.basis: [identity, paley]\n  seed: [1, 2, 3]\n")
-    out = subprocess.run([sys.executable, "-m", "hdrope.console", "sweep", "plan", str(spec), "--detect", "0.02",
+    out = subprocess.run([sys.executable, "-m", "sweeps.console", "sweep", "plan", str(spec), "--detect", "0.02",
                           "--pilot", str(tiny_sweep), "--metric", "val_loss_x2"], capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -244,6 +244,6 @@ def test_sweep_plan_detect_prints_the_seeds_a_difference_needs(tiny_sweep, tmp_p
     want = seeds_needed(0.02, max(sds), paired=True, alpha=0.05 / 2)
     assert f"paired (every variant on the same seeds, as `axes: {{seed: [...]}}` runs them): {want} seeds" in out.stdout
     assert "Holm over the plan's 2 comparisons" in out.stdout and "this plan runs 3 seeds per cell" in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "hdrope.console", "sweep", "plan", str(spec), "--detect", "0.02"],
+    bad = subprocess.run([sys.executable, "-m", "sweeps.console", "sweep", "plan", str(spec), "--detect", "0.02"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "needs --pilot" in bad.stderr and "Traceback" not in bad.stderr

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from hdrope.errors import UserError
-from trainer.cache import sha256_file
-from trainer.passkey.builder import BuildConfig, build_dataset
-from trainer.tokenizer import ByteTokenizer
+from trainer.data.tokenizer import ByteTokenizer
+from trainer.evals.passkey.builder import BuildConfig, build_dataset
+from trainer.files.cache import sha256_file
 
 Setup = Callable[[Path], None]
 CKPT = "run/checkpoints/step_00000002"
@@ -164,8 +164,8 @@ CASES = [
 @pytest.fixture(scope="module")
 def originals(cache_dir, tmp_path_factory) -> Path:
     """A tiny run trained for 2 steps (`run/`) and a one-file passkey dataset (`ds/`), made once."""
-    from trainer.loop import train
     from trainer.presets import load_config
+    from trainer.run.loop import train
 
     root = tmp_path_factory.mktemp("originals")
     run = train(load_config("tiny", [f"data.cache_dir={cache_dir}", f"train.out_dir={root / 'run'}", "train.steps=2",
@@ -222,9 +222,9 @@ IN_PROCESS = [  # more checkpoint spoilers, through load_checkpoint itself (no i
 
 @pytest.mark.parametrize("setup,expected", [case[1:] for case in IN_PROCESS], ids=[case[0] for case in IN_PROCESS])
 def test_spoiled_checkpoint_is_a_user_error(work, setup, expected):
-    from trainer.checkpoint import load_checkpoint
-    from trainer.model import Llama
+    from trainer.model.llama import Llama
     from trainer.presets import load_config
+    from trainer.run.checkpoint import load_checkpoint
 
     setup(work)
     with pytest.raises(UserError) as err:
@@ -253,5 +253,5 @@ def fill(text: str, work: Path) -> str:
 
 def hdrope(argv: list[str], work: Path) -> subprocess.CompletedProcess:
     """`hdrope ARGV` (placeholders filled) in a fresh interpreter."""
-    return subprocess.run([sys.executable, "-m", "hdrope.console", *(fill(a, work) for a in argv)],
+    return subprocess.run([sys.executable, "-m", "sweeps.console", *(fill(a, work) for a in argv)],
                           capture_output=True, text=True, timeout=120)

@@ -65,7 +65,7 @@ def test_damaged_sweep_files_exit_2_with_the_file_and_the_fix(tiny_sweep, tmp_pa
     shutil.copytree(tiny_sweep, sweep, ignore=shutil.ignore_patterns("report", "mlflow.db"))
     damage(sweep)
     before = sorted(p for p in tmp_path.rglob("*"))
-    out = subprocess.run([sys.executable, "-m", "hdrope.console", *(a.format(sweep=sweep) for a in argv)],
+    out = subprocess.run([sys.executable, "-m", "sweeps.console", *(a.format(sweep=sweep) for a in argv)],
                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == code, out.stderr[-2000:]
     assert text in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
@@ -81,11 +81,11 @@ def test_a_corrupt_result_and_a_half_written_metrics_line_are_reported_not_fatal
     others = [p for p in sorted((sweep / "cells").iterdir()) if p != cell and (p / "metrics.jsonl").is_file()]
     with (others[0] / "metrics.jsonl").open("a") as f:
         f.write('{"step": 99, "train_lo')  # the trainer is mid-line
-    status = subprocess.run([sys.executable, "-m", "hdrope.console", "sweep", "status", str(sweep)],
+    status = subprocess.run([sys.executable, "-m", "sweeps.console", "sweep", "status", str(sweep)],
                             capture_output=True, text=True, timeout=120)
     assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
     assert "CORRUPT" in status.stdout and "step     12" in status.stdout  # the partial step-99 line is skipped
-    results = subprocess.run([sys.executable, "-m", "hdrope.console", "sweep", "results", str(sweep)],
+    results = subprocess.run([sys.executable, "-m", "sweeps.console", "sweep", "results", str(sweep)],
                              capture_output=True, text=True, timeout=120)
     assert results.returncode == 0, results.stderr
     rows = pq.read_table(sweep / "results.parquet").to_pandas()

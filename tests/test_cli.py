@@ -6,7 +6,7 @@ import pytest
 
 
 def run(*args, check=True):
-    proc = subprocess.run([sys.executable, "-m", "hdrope.console", *args], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "sweeps.console", *args], capture_output=True, text=True)
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -47,7 +47,7 @@ def test_user_errors_exit_2_with_a_message(args, needle):
 
 
 def test_output_piped_into_a_reader_that_stops_early_is_not_a_traceback():
-    cmd = [sys.executable, "-m", "hdrope.console", "bases", "--max-n", "64"]
+    cmd = [sys.executable, "-m", "sweeps.console", "bases", "--max-n", "64"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
     assert proc.stdout.read(10)  # like `| head`: read a little, then hang up
     proc.stdout.close()
@@ -88,7 +88,7 @@ def test_bench_rotary_small_run_reports_ratios(tmp_path):
 
 
 def test_bench_encodings_lists_every_kind_side_by_side(tmp_path):
-    from trainer.position import POSITION_ENCODINGS
+    from trainer.model.position import POSITION_ENCODINGS
 
     out = tmp_path / "e.json"
     run("bench", "encodings", "--shape", "1", "2", "32", "64", "--rounds", "1", "--json", str(out))
@@ -100,7 +100,7 @@ def test_bench_encodings_lists_every_kind_side_by_side(tmp_path):
 
 
 def test_import_trainer_pulls_in_no_ray_or_sweeps():
-    code = ("import sys, trainer.loop; "
+    code = ("import sys, trainer.run.loop; "
             "print([m for m in sys.modules if m.split('.')[0] in ('sweeps', 'ray', 'analysis')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -118,10 +118,10 @@ def test_bench_train_prints_side_by_side_ratios():
 
 
 def test_help_dispatches_without_importing_torch():
-    code = ("import sys, hdrope.console; rc = hdrope.console.main(['--help']); "
+    code = ("import sys, sweeps.console; rc = sweeps.console.main(['--help']); "
             "print(rc, sorted(m for m in ('torch', 'numpy', 'trainer', 'sweeps', 'ray') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip().splitlines()[-1] == "0 []"
+    assert out.strip().splitlines()[-1] == "0 ['sweeps']"  # the console's own package, nothing heavy
     import hdrope  # the public names still resolve, on first use
 
     assert hdrope.HDRotary.__name__ == "HDRotary" and issubclass(hdrope.UserError, ValueError)

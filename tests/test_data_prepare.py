@@ -13,11 +13,11 @@ import pytest
 
 from hdrope.errors import UserError
 from trainer.config import DataConfig
-from trainer.corpus import load_corpus
-from trainer.shard_prepare import MANIFEST, prepare_shards
-from trainer.shard_tokens import ShardStream, load_shards
-from trainer.token_cache import cached_tokens
-from trainer.tokenizer import ByteTokenizer, load_tokenizer, train_bpe
+from trainer.data.corpus import load_corpus
+from trainer.data.shard_prepare import MANIFEST, prepare_shards
+from trainer.data.shard_tokens import ShardStream, load_shards
+from trainer.data.token_cache import cached_tokens
+from trainer.data.tokenizer import ByteTokenizer, load_tokenizer, train_bpe
 
 WORDS = ("the king queen sword love night day crown fool ghost storm river stone light tower wind "
          "whether thou art mine or not I shall go unto the sea and find the lost ring of gold").split()
@@ -74,7 +74,7 @@ def test_shard_stream_slices_across_boundaries():
 
 
 def _prepare_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hdrope.console", "data", "prepare", *args, "--no-progress"],
+    return subprocess.run([sys.executable, "-m", "sweeps.console", "data", "prepare", *args, "--no-progress"],
                           capture_output=True, text=True)
 
 
@@ -112,7 +112,7 @@ def test_prepare_killed_mid_run_resumes_to_byte_identical_shards(tmp_path):
     common = ["data.corpus=files", f"data.paths=[{paths[0]},{paths[1]}]", f"data.tokenizer={tok_path}",
               "--shard-tokens", "5000", "--workers", "1"]
     assert _prepare_cli(*common, "--out", str(tmp_path / "whole")).returncode == 0
-    cmd = [sys.executable, "-m", "hdrope.console", "data", "prepare", *common, "--out", str(tmp_path / "killed"),
+    cmd = [sys.executable, "-m", "sweeps.console", "data", "prepare", *common, "--out", str(tmp_path / "killed"),
            "--no-progress"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     manifest, seen = tmp_path / "killed" / MANIFEST, 0
@@ -155,7 +155,7 @@ def small_shards(tmp_path_factory):
 
 
 def test_training_from_shards_equals_training_in_memory(small_shards, tiny_cfg):
-    from trainer.loop import train
+    from trainer.run.loop import train
 
     root, paths = small_shards
     short = ["train.steps=6", "train.eval_every=0", "train.ckpt_every=0", "eval.passkey.enabled=false"]
@@ -168,7 +168,7 @@ def test_training_from_shards_equals_training_in_memory(small_shards, tiny_cfg):
 
 
 def _train_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hdrope.console", "train", "tiny", *args, "--no-progress"],
+    return subprocess.run([sys.executable, "-m", "sweeps.console", "train", "tiny", *args, "--no-progress"],
                           capture_output=True, text=True)
 
 

@@ -9,9 +9,9 @@ import time
 import pytest
 
 from hdrope.errors import UserError
-from trainer.dir_lock import LOCK_FILE, hold_dir_lock
+from trainer.files.dir_lock import LOCK_FILE, hold_dir_lock
 
-HOLD = ("import sys, time; from pathlib import Path; from trainer.dir_lock import hold_dir_lock\n"
+HOLD = ("import sys, time; from pathlib import Path; from trainer.files.dir_lock import hold_dir_lock\n"
         "with hold_dir_lock(Path(sys.argv[1]), 'a test holder'):\n"
         "    print('held', flush=True); time.sleep(60)\n")
 

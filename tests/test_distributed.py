@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from trainer.batches import TrainBatches
+from trainer.data.batches import TrainBatches
 
 STEPS = 6
 OVERRIDES = (f"train.steps={STEPS}", "train.batch_size=8", "train.grad_accum=2", "train.log_every=3",
@@ -36,8 +36,8 @@ def _worker(rank: int, world: int, port: int, cfg_yaml: str, out: str, strategy:
     import torch.distributed as dist
     from omegaconf import OmegaConf
 
-    from trainer.loop import train
     from trainer.presets import merge_config
+    from trainer.run.loop import train
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -78,9 +78,9 @@ def test_batch_that_does_not_split_over_the_workers_is_refused():
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_gloo_workers_equal_one_process_and_resume_on_one(tiny_cfg, tmp_path, strategy):
-    from trainer.checkpoint import list_checkpoints
-    from trainer.loop import train
-    from trainer.run_files import METRICS_FILE, read_metrics
+    from trainer.files.run_files import METRICS_FILE, read_metrics
+    from trainer.run.checkpoint import list_checkpoints
+    from trainer.run.loop import train
 
     one = train(tiny_cfg(*OVERRIDES, out="one"))
     two = _train_workers(tiny_cfg(*OVERRIDES, out="two"), 2, tmp_path / "ranks", strategy)
@@ -114,11 +114,11 @@ def test_hdrope_train_under_torchrun_equals_one_process(tiny_cfg, tmp_path, cach
     import subprocess
     import sys
 
-    from trainer.loop import train
+    from trainer.run.loop import train
 
     one = train(tiny_cfg(*OVERRIDES, out="one"))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "hdrope.console", "train", "tiny", *OVERRIDES, f"train.out_dir={tmp_path / 'two'}",
+           "-m", "sweeps.console", "train", "tiny", *OVERRIDES, f"train.out_dir={tmp_path / 'two'}",
            f"data.cache_dir={cache_dir}", "--no-progress"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -127,7 +127,7 @@ def test_hdrope_train_under_torchrun_equals_one_process(tiny_cfg, tmp_path, cach
     assert printed["metrics"]["val_loss"] == pytest.approx(one.metrics["val_loss"], rel=1e-4)
     result = json.loads((tmp_path / "two" / "result.json").read_text())
     assert result["workers"] == 2
-    from trainer.run_files import METRICS_FILE, read_metrics
+    from trainer.files.run_files import METRICS_FILE, read_metrics
 
     two_losses = [r["train_loss"] for r in read_metrics(tmp_path / "two" / METRICS_FILE) if "train_loss" in r]
     one_losses = [r["train_loss"] for r in read_metrics(tmp_path / "one" / METRICS_FILE) if "train_loss" in r]
@@ -136,7 +136,7 @@ def test_hdrope_train_under_torchrun_equals_one_process(tiny_cfg, tmp_path, cach
 
 def test_torchrun_variables_are_checked_and_the_timeout_is_read_from_the_environment():
     from hdrope.errors import UserError
-    from trainer.distributed import TorchrunEnv, rendezvous_timeout, torchrun_env
+    from trainer.run.distributed import TorchrunEnv, rendezvous_timeout, torchrun_env
 
     ok = {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
     assert torchrun_env(ok) == TorchrunEnv(1, 2, "127.0.0.1", 29500)
@@ -154,7 +154,7 @@ def test_torchrun_variables_are_checked_and_the_timeout_is_read_from_the_environ
 
 @pytest.mark.parametrize("env,expected", [
     ({"WORLD_SIZE": "2"}, "RANK is not set but WORLD_SIZE=2 is: every worker needs an integer in [0, 1], its rank; "
-                          "run the workers with `torchrun --nproc-per-node N -m hdrope.console train …`"),
+                          "run the workers with `torchrun --nproc-per-node N -m sweeps.console train …`"),
     ({"WORLD_SIZE": "abc"}, "WORLD_SIZE='abc': must be a positive integer, the number of workers"),
     # a peer that never comes: bounded by HDROPE_RENDEZVOUS_TIMEOUT_S (it used to wait for torch's 30 minutes)
     ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "{port}",
@@ -169,7 +169,7 @@ def test_hdrope_train_in_a_torchrun_environment_it_cannot_use_exits_2(tmp_path, 
 
     port = str(_free_port())
     env = {k: v.replace("{port}", port) for k, v in env.items()}
-    cmd = [sys.executable, "-m", "hdrope.console", "train", "tiny", *OVERRIDES, f"train.out_dir={tmp_path / 'run'}",
+    cmd = [sys.executable, "-m", "sweeps.console", "train", "tiny", *OVERRIDES, f"train.out_dir={tmp_path / 'run'}",
            f"data.cache_dir={cache_dir}", "--no-progress"]
     start = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, **env})

@@ -8,15 +8,15 @@ import pytest
 import torch
 
 from hdrope.diagnostics import effective_rank, row_entropy
-from trainer.attention_dump import DumpIds, dump_attention
 from trainer.config import DumpConfig, PasskeyFormat
-from trainer.generate import greedy_generate
-from trainer.loop import train
-from trainer.model import KVCache, Llama
-from trainer.passkey.prompt import PasskeyPrompter, first_integer
-from trainer.position import PEConfig, encoding_identity
+from trainer.data.passkey_prompt import PasskeyPrompter, first_integer
+from trainer.data.tokenizer import ByteTokenizer
+from trainer.evals.attention_dump import DumpIds, dump_attention
+from trainer.model.generate import greedy_generate
+from trainer.model.llama import KVCache, Llama
+from trainer.model.position import PEConfig, encoding_identity
 from trainer.presets import load_model_args
-from trainer.tokenizer import ByteTokenizer
+from trainer.run.loop import train
 
 
 def _model(**pe):
@@ -123,7 +123,7 @@ def test_passkey_prompts_hit_length_and_depth():
 def test_rope_matches_hf_llama_logits():
     from transformers import LlamaForCausalLM
 
-    from trainer.hf_compat import hf_config, to_hf_state_dict
+    from trainer.export.hf_compat import hf_config, to_hf_state_dict
 
     torch.manual_seed(0)
     args = load_model_args("tiny", ["model.pe.kind=rope", "model.pe.theta=500000", "model.n_kv_heads=1"])

@@ -10,9 +10,9 @@ import torch
 
 from hdrope import HDRotary
 from hdrope.errors import UserError
-from trainer.encodings.alibi import alibi_slopes
-from trainer.encodings.base import EncodingShape
-from trainer.encodings.configs import (
+from trainer.model.encodings.alibi import alibi_slopes
+from trainer.model.encodings.base import EncodingShape
+from trainer.model.encodings.configs import (
     ALiBiConfig,
     FoPEConfig,
     LearnedBasisConfig,
@@ -22,10 +22,10 @@ from trainer.encodings.configs import (
     RPE3DConfig,
     XPosConfig,
 )
-from trainer.encodings.fope import fope_frequencies, step_eye
-from trainer.encodings.learned import orthogonal
-from trainer.model import KVCache, Llama, ModelArgs
-from trainer.position import (
+from trainer.model.encodings.fope import fope_frequencies, step_eye
+from trainer.model.encodings.learned import orthogonal
+from trainer.model.llama import KVCache, Llama, ModelArgs
+from trainer.model.position import (
     POSITION_ENCODINGS,
     build_position_encoding,
     check_exportable,
@@ -314,8 +314,8 @@ def test_a_sweep_over_kinds_plans_with_one_label_per_kind(tmp_path):
 def test_a_tiny_run_of_a_new_kind_writes_its_identity_everywhere(tiny_cfg, kind):
     import pyarrow.parquet as pq
 
-    from trainer.checkpoint import load_checkpoint
-    from trainer.loop import train
+    from trainer.run.checkpoint import load_checkpoint
+    from trainer.run.loop import train
 
     cfg = tiny_cfg(f"model.pe.kind={kind}", "train.steps=4", "train.eval_every=0", "train.ckpt_every=0",
                    "dump.enabled=true", "dump.samples=1", "eval.passkey.length_factors=[2.0]",
@@ -412,7 +412,7 @@ def test_what_an_encoding_cannot_be_built_with_is_a_user_error_before_building(o
 
 
 def test_the_registry_checks_every_kind_before_it_builds():
-    from trainer.position import encoding_problems
+    from trainer.model.position import encoding_problems
 
     assert encoding_problems(FoPEConfig(), SHAPE) == []
     assert encoding_problems(None, SHAPE)[0].startswith("model.pe=None")

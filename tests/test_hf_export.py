@@ -10,9 +10,9 @@ import torch
 
 pytest.importorskip("transformers")
 
-from trainer.generate import greedy_generate
-from trainer.hf_export import export_model, hf_rotary_map
-from trainer.model import KVCache, Llama
+from trainer.export.hf_export import export_model, hf_rotary_map
+from trainer.model.generate import greedy_generate
+from trainer.model.llama import KVCache, Llama
 from trainer.presets import load_config
 
 SCALINGS = {
@@ -81,8 +81,8 @@ def test_what_cannot_be_exported_says_so(tmp_path, cache_dir):
 def test_hdrope_export_cli_on_a_trained_checkpoint(tmp_path, cache_dir):
     from transformers import LlamaForCausalLM
 
-    from trainer.loop import train
-    from trainer.trained import load_trained
+    from trainer.run.loop import train
+    from trainer.run.trained import load_trained
 
     cfg = load_config("tiny", [f"data.cache_dir={cache_dir}", f"train.out_dir={tmp_path / 'run'}", "train.steps=20",
                                "eval.passkey.enabled=false", "model.pe.rotation_dim=8"])
@@ -101,14 +101,14 @@ def test_hdrope_export_cli_on_a_trained_checkpoint(tmp_path, cache_dir):
     ours = greedy_generate(trained.model, prompt, 12)
     theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt):].tolist()
     assert theirs == ours
-    again = subprocess.run([sys.executable, "-m", "hdrope.console", "export", str(ckpt), str(tmp_path / "hf")],
+    again = subprocess.run([sys.executable, "-m", "sweeps.console", "export", str(ckpt), str(tmp_path / "hf")],
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 2 and "not empty" in again.stderr
 
 
 def _export_without_transformers(ckpt, out_dir, cwd=None) -> subprocess.CompletedProcess:
     """`hdrope export CKPT OUT_DIR` in an interpreter where `import transformers` fails (the README's install)."""
-    code = "import sys; sys.modules['transformers'] = None; from hdrope.console import main; sys.exit(main())"
+    code = "import sys; sys.modules['transformers'] = None; from sweeps.console import main; sys.exit(main())"
     return subprocess.run([sys.executable, "-c", code, "export", str(ckpt), str(out_dir)], capture_output=True,
                           text=True, timeout=300, cwd=cwd)
 
@@ -117,9 +117,9 @@ def test_export_from_another_directory_ships_the_runs_own_tokenizer_and_its_ids(
     # a relative data.tokenizer used to resolve against the exporting command's directory: another file shipped
     from transformers import LlamaForCausalLM
 
-    from trainer.loop import train
-    from trainer.tokenizer import JsonTokenizer, train_bpe
-    from trainer.trained import load_trained
+    from trainer.data.tokenizer import JsonTokenizer, train_bpe
+    from trainer.run.loop import train
+    from trainer.run.trained import load_trained
 
     corpus = tmp_path / "small.txt"
     corpus.write_text("To be, or not to be, that is the question. " * 200)

@@ -38,8 +38,8 @@ DOCS = [("ROMEO. O, she doth teach the torches to burn", [" bright!", " qzxv!"],
 
 @pytest.fixture(scope="module")
 def trained_tiny(tmp_path_factory, cache_dir):
-    from trainer.loop import train
     from trainer.presets import load_config
+    from trainer.run.loop import train
 
     out = tmp_path_factory.mktemp("lm") / "run"
     cfg = load_config("tiny", [f"data.cache_dir={cache_dir}", f"train.out_dir={out}", "train.steps=60",
@@ -58,8 +58,8 @@ def task_dir(tmp_path):
 
 
 def test_lab_lm_loglikelihood_is_the_models_own(trained_tiny):
-    from trainer.lm_harness import LabLM
-    from trainer.trained import load_trained
+    from trainer.evals.lm_harness import LabLM
+    from trainer.run.trained import load_trained
 
     _, ckpt = trained_tiny
     trained = load_trained(ckpt)
@@ -85,7 +85,7 @@ def test_hdrope_eval_lm_eval_runs_a_local_task_and_reaches_mlflow_and_results(tr
     run_dir, ckpt = trained_tiny
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-m", "hdrope.console", "eval", "lm-eval", str(ckpt), "--tasks", "lab_toy",
+    out = subprocess.run([sys.executable, "-m", "sweeps.console", "eval", "lm-eval", str(ckpt), "--tasks", "lab_toy",
                           "--include-path", str(task_dir), "--tracking-uri", uri], capture_output=True, text=True,
                          timeout=600, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -110,7 +110,7 @@ def test_bad_flags_exit_2_naming_the_flag(trained_tiny, task_dir, tmp_path, extr
     if "--include-path" not in extra:
         extra = [*extra, "--include-path", str(task_dir)]
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-m", "hdrope.console", "eval", "lm-eval", str(ckpt), *extra],
+    out = subprocess.run([sys.executable, "-m", "sweeps.console", "eval", "lm-eval", str(ckpt), *extra],
                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert expected in out.stderr

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 
 from hdrope import HDRotary
 from hdrope.fold import fold_matrix, identity_twin
-from trainer.model import Llama
-from trainer.optim import OPTIMIZERS, build_optimizer
+from trainer.model.llama import Llama
+from trainer.run.optim import OPTIMIZERS, build_optimizer
 
 
 @pytest.mark.parametrize("n", [2, 4, 8, 32])

@@ -28,7 +28,7 @@ def _free_port() -> int:
 
 
 def _ui(*args, cwd):
-    return subprocess.Popen([sys.executable, "-m", "hdrope.console", "ui", *args], cwd=cwd, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "sweeps.console", "ui", *args], cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
@@ -66,7 +66,7 @@ def sweep_store(tmp_path):
 
 @pytest.mark.parametrize("port", ["70000", "-1"])
 def test_a_port_out_of_range_exits_2(tmp_path, port):
-    out = subprocess.run([sys.executable, "-m", "hdrope.console", "ui", "--tracking-uri",
+    out = subprocess.run([sys.executable, "-m", "sweeps.console", "ui", "--tracking-uri",
                           f"sqlite:///{tmp_path / 'm.db'}", "--port", port], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 2, out.stderr[-2000:]

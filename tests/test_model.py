@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from hdrope import mixing_basis
-from trainer.model import Llama, ModelArgs
-from trainer.position import PEConfig, build_position_encoding
+from trainer.model.llama import Llama, ModelArgs
+from trainer.model.position import PEConfig, build_position_encoding
 from trainer.presets import available_presets, load_model_args
 
 

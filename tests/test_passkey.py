@@ -8,8 +8,8 @@ import sys
 import pandas as pd
 import pytest
 
-from trainer.passkey.builder import BuildConfig, build_dataset
-from trainer.tokenizer import ByteTokenizer
+from trainer.data.tokenizer import ByteTokenizer
+from trainer.evals.passkey.builder import BuildConfig, build_dataset
 
 NAME = re.compile(r"^x(\d+)_y(\d+)_xt(\d+)_yt(\d+)_T(\d+)\.jsonl$")
 MULTI = dict(multi_token=True, v_min=10000, v_max=99999, max_len=1280, lines_per_file=3)
@@ -94,19 +94,19 @@ def test_single_token_pool_and_its_empty_pool_error(tmp_path, cache_dir):
 def test_bad_builder_inputs_exit_2(tmp_path, args, match):
     if "--tokenizer" not in args:
         args = ["--tokenizer", "bytes", *args]
-    out = subprocess.run([sys.executable, "-m", "hdrope.console", "passkey", "build", "--out", str(tmp_path / "o"),
+    out = subprocess.run([sys.executable, "-m", "sweeps.console", "passkey", "build", "--out", str(tmp_path / "o"),
                           *args], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and match in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
 def test_evaluator_scores_a_checkpoint_into_a_parquet_table(tmp_path, tiny_cfg, cache_dir):
-    from trainer.loop import train
+    from trainer.run.loop import train
 
     run = train(tiny_cfg("train.steps=4", "eval.passkey.enabled=false", "eval.extrapolation_batches=0"))
     build_dataset(ByteTokenizer(), BuildConfig(**{**MULTI, "max_len": 768, "lines_per_file": 1}), tmp_path / "ds",
                   cache_dir=cache_dir)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    out = subprocess.run([sys.executable, "-m", "hdrope.console", "passkey", "eval", str(run.checkpoint),
+    out = subprocess.run([sys.executable, "-m", "sweeps.console", "passkey", "eval", str(run.checkpoint),
                           str(tmp_path / "ds"), "--no-progress", "--tracking-uri", uri],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -127,7 +127,7 @@ def test_training_prompts_end_the_answer_so_a_model_learns_to_stop():
     import numpy as np
 
     from trainer.config import PasskeyFormat
-    from trainer.passkey.prompt import PasskeyPrompter, first_integer
+    from trainer.data.passkey_prompt import PasskeyPrompter, first_integer
 
     tok = ByteTokenizer()
     prompter = PasskeyPrompter(tok, PasskeyFormat(header="", max_key=999))

@@ -86,7 +86,7 @@ def test_no_estimate_for_optuna_says_why(tmp_path):
 
 def test_fractional_gpus_plan_and_refuse_a_machine_without_gpus(tmp_path, monkeypatch):
     import sweeps.plan as plan_mod
-    from hdrope.console import main
+    from sweeps.console import main
 
     spec = GRID.replace("resources: {{cpus: 1}}", "resources: {{cpus: 0.5, gpus: 0.25}}")
     monkeypatch.setattr(plan_mod, "local_gpus", lambda: 1)  # pure planning logic: one GPU, 0.25 per trial

@@ -50,7 +50,7 @@ def test_report_refuses_a_truncated_passkey_table_naming_it(tiny_sweep, tmp_path
     cell = sweep_cells(sweep).iloc[0]
     path = cell["passkey_path"]
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    out = subprocess.run([sys.executable, "-m", "hdrope.console", "report", str(sweep)], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "sweeps.console", "report", str(sweep)], capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert str(path) in out.stderr and "unreadable passkey table" in out.stderr and "rerun the cell" in out.stderr

@@ -14,16 +14,16 @@ import numpy as np
 import pytest
 from test_data_prepare import _write_corpus
 
-from hdrope.console import main
 from hdrope.errors import UserError
+from sweeps.console import main
 from trainer.config import DataConfig
-from trainer.corpus import load_corpus
-from trainer.dir_lock import LOCK_FILE
-from trainer.shard_manifest import MANIFEST
-from trainer.shard_prepare import prepare_shards, usable_cpus
-from trainer.shard_tokens import load_shards
-from trainer.token_cache import cached_tokens
-from trainer.tokenizer import ByteTokenizer
+from trainer.data.corpus import load_corpus
+from trainer.data.shard_manifest import MANIFEST
+from trainer.data.shard_prepare import prepare_shards, usable_cpus
+from trainer.data.shard_tokens import load_shards
+from trainer.data.token_cache import cached_tokens
+from trainer.data.tokenizer import ByteTokenizer
+from trainer.files.dir_lock import LOCK_FILE
 
 
 def _args(paths: list[str], out: Path, *extra: str) -> list[str]:
@@ -253,7 +253,7 @@ def test_a_bin_shard_whose_size_does_not_fit_its_dtype(work, tmp_path, capsys):
 def test_hdrope_train_on_a_manifest_with_a_string_tokenizer_exits_2(work, tmp_path):
     _, shards, _ = work
     _edit_manifest(shards, lambda m: m.update(tokenizer="bytes"))
-    out = subprocess.run([sys.executable, "-m", "hdrope.console", "train", "tiny", "data.corpus=shards",
+    out = subprocess.run([sys.executable, "-m", "sweeps.console", "train", "tiny", "data.corpus=shards",
                           f"data.shards_dir={shards}", f"train.out_dir={tmp_path / 'run'}", "--no-progress"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
@@ -262,7 +262,7 @@ def test_hdrope_train_on_a_manifest_with_a_string_tokenizer_exits_2(work, tmp_pa
 
 # ---- 5. one writer per shard directory ---------------------------------------------------------------------
 
-HOLD = ("import sys, time; from pathlib import Path; from trainer.dir_lock import hold_dir_lock\n"
+HOLD = ("import sys, time; from pathlib import Path; from trainer.files.dir_lock import hold_dir_lock\n"
         "with hold_dir_lock(Path(sys.argv[1]), 'hdrope data prepare'):\n"
         "    print('held', flush=True); time.sleep(120)\n")
 
@@ -288,7 +288,7 @@ def test_a_second_prepare_into_one_directory_is_refused_naming_the_first(work, t
 def test_two_prepares_at_once_one_writes_and_the_other_is_refused_or_finds_it_done(work, tmp_path):
     paths, _, _ = work
     out = tmp_path / "race"
-    cmd = [sys.executable, "-m", "hdrope.console", *_args(paths, out)]
+    cmd = [sys.executable, "-m", "sweeps.console", *_args(paths, out)]
     cmd[cmd.index("20000")] = "2000"  # ~90 shards: the writers overlap
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     results = [(p.pid, p.wait(timeout=300), *p.communicate()) for p in procs]
@@ -350,7 +350,7 @@ HF = ["data", "prepare", "data.corpus=hf", "data.hf_dataset=someone/some-corpus"
 def test_hf_corpus_offline_is_a_user_error(tmp_path):
     pytest.importorskip("datasets")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    out = subprocess.run([sys.executable, "-m", "hdrope.console", *HF, "--out", str(tmp_path / "s")],
+    out = subprocess.run([sys.executable, "-m", "sweeps.console", *HF, "--out", str(tmp_path / "s")],
                          capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert ("data.corpus=hf: data.hf_dataset='someone/some-corpus' cannot be streamed from the Hugging Face Hub"
@@ -359,7 +359,7 @@ def test_hf_corpus_offline_is_a_user_error(tmp_path):
 
 
 def test_hf_corpus_without_the_datasets_package_is_a_user_error(tmp_path):
-    code = ("import sys; sys.modules['datasets'] = None; from hdrope.console import main; "
+    code = ("import sys; sys.modules['datasets'] = None; from sweeps.console import main; "
             f"sys.exit(main({[*HF, '--out', str(tmp_path / 's')]!r}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]

@@ -20,13 +20,13 @@ resources: {{cpus: 1}}
 
 
 def _hdrope(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "hdrope.console", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "sweeps.console", *args], capture_output=True, text=True,
                           timeout=300, cwd=cwd)
 
 
 def test_a_second_driver_of_a_sweep_is_refused_naming_the_holder(tmp_path):
     from sweeps.runner import prepare, write_plan
-    from trainer.dir_lock import hold_dir_lock
+    from trainer.files.dir_lock import hold_dir_lock
 
     spec = tmp_path / "locked.yaml"
     spec.write_text(SPEC.format(storage=tmp_path / "store"))

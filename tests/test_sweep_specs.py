@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hdrope.console import main
+from sweeps.console import main
 from sweeps.plan import canonical
 from sweeps.runner import prepare
 
@@ -198,7 +198,7 @@ def test_empty_spec_and_overrides_with_interpolations_exit_2(tmp_path, capsys, m
     assert main(["sweep", "plan", str(spec), "--set", "name=${oc.env:HDROPE_TEST_SECRET}"]) == 2
     err = capsys.readouterr().err
     assert "interpolation" in err and "s3cr3t" not in err
-    cmd = [sys.executable, "-m", "hdrope.console", "train", "tiny", "name=${oc.env:HDROPE_TEST_SECRET}"]
+    cmd = [sys.executable, "-m", "sweeps.console", "train", "tiny", "name=${oc.env:HDROPE_TEST_SECRET}"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "HDROPE_TEST_SECRET": "s3cr3t"})
     assert out.returncode == 2 and "interpolation" in out.stderr and "s3cr3t" not in out.stderr + out.stdout

@@ -68,7 +68,7 @@ def ray_env(extra: dict | None = None) -> dict:
 
 def hdrope(*args, cwd, timeout=600, env=None, **kw):
     """`hdrope ...` in a subprocess; a sweep driver shuts down the Ray it started (and its watchdog stops the rest)."""
-    return subprocess.run([sys.executable, "-m", "hdrope.console", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "sweeps.console", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=env or ray_env(), **kw)
 
 
@@ -161,7 +161,7 @@ def test_ui_serves_a_sweep_store_on_localhost(tmp_path):
     write_plan(plan)  # the plan.json a real `hdrope sweep run` writes, before any Ray
     SweepTracker(f"sqlite:///{root / 'mlflow.db'}", "uisweep").parent_run()
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "hdrope.console", "ui", "uisweep", "--storage",
+    proc = subprocess.Popen([sys.executable, "-m", "sweeps.console", "ui", "uisweep", "--storage",
                              str(tmp_path / "store"), "--port", str(port)], stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
@@ -217,7 +217,7 @@ def _listening(p: psutil.Process) -> list:
 
 def test_sigterm_ends_the_driver_with_143_and_stops_its_ray(tmp_path, cache_dir):
     spec = write_spec(tmp_path, "term", steps=3000, batch=8, ckpt=500, dims="[4]", bases="[paley]")
-    proc = subprocess.Popen([sys.executable, "-m", "hdrope.console", "sweep", "run", str(spec)], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "sweeps.console", "sweep", "run", str(spec)], cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ray_env())
     cell = tmp_path / "store" / "term" / "cells" / "c000-rotation_dim4-basispaley"
     try:
@@ -242,7 +242,7 @@ def test_sigterm_while_ray_starts_ends_the_driver_with_143_and_stops_its_ray(tmp
     its C++ side to abort (-6), or the signal to be lost."""
     spec = write_spec(tmp_path, "startterm", steps=3000, dims="[4]", bases="[paley]")
     env = ray_env()
-    proc = subprocess.Popen([sys.executable, "-m", "hdrope.console", "sweep", "run", str(spec)], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "sweeps.console", "sweep", "run", str(spec)], cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
 
     def ray_of_this_test() -> list:
@@ -277,11 +277,11 @@ def test_killed_trial_recovers_from_its_checkpoint_with_the_same_final_loss(tmp_
     import torch
 
     from sweeps.runner import prepare
-    from trainer.loop import train
+    from trainer.run.loop import train
 
     spec = write_spec(tmp_path, "kill", steps=150, batch=16, ckpt=15, dims="[4]", bases="[paley]")
     cell_dir = tmp_path / "store" / "kill" / "cells" / "c000-rotation_dim4-basispaley"
-    proc = subprocess.Popen([sys.executable, "-m", "hdrope.console", "sweep", "run", str(spec)], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "sweeps.console", "sweep", "run", str(spec)], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ray_env())
     try:
         _wait_for(lambda: (cell_dir / "checkpoints" / "step_00000045").is_dir(), 240, "a checkpoint at step 45")
@@ -311,7 +311,7 @@ def test_killed_driver_then_resume_finishes_without_rerunning(tmp_path, cache_di
                       concurrent=1)
     cells = tmp_path / "store" / "drv" / "cells"
     first, second = cells / "c000-rotation_dim4-basisidentity", cells / "c001-rotation_dim8-basisidentity"
-    proc = subprocess.Popen([sys.executable, "-m", "hdrope.console", "sweep", "run", str(spec)], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "sweeps.console", "sweep", "run", str(spec)], cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ray_env())
     try:
         _wait_for(lambda: (first / "result.json").is_file() and (second / "checkpoints" / "step_00000020").is_dir(),

@@ -96,7 +96,7 @@ def postgres():
 
 
 def records(run_dir: Path) -> list[dict]:
-    from trainer.run_files import METRICS_FILE, read_metrics
+    from trainer.files.run_files import METRICS_FILE, read_metrics
 
     return read_metrics(run_dir / METRICS_FILE)
 
@@ -127,7 +127,7 @@ def test_two_sweeps_share_a_postgres_backed_server_and_lose_nothing_when_it_rest
                               concurrent=1, dump=False)
             logs[name] = tmp_path / f"{name}.log"
             with open(logs[name], "w") as log:
-                drivers[name] = subprocess.Popen([sys.executable, "-m", "hdrope.console", "sweep", "run", str(spec)],
+                drivers[name] = subprocess.Popen([sys.executable, "-m", "sweeps.console", "sweep", "run", str(spec)],
                                                  cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
                                                  env=ray_env(env))
         cells = {name: tmp_path / name / "store" / name / "cells" for name in names}
@@ -199,7 +199,7 @@ def test_a_sweep_whose_tracking_server_does_not_answer_stops_with_exit_2_in_seco
     spec = write_spec(tmp_path, "noserver", uri=uri, steps=4, dims="[2]", bases=None)
     env = {k: v for k, v in ray_env().items() if not k.startswith("MLFLOW_HTTP_REQUEST_")}
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "hdrope.console", "sweep", "run", str(spec)], cwd=tmp_path,
+    out = subprocess.run([sys.executable, "-m", "sweeps.console", "sweep", "run", str(spec)], cwd=tmp_path,
                          capture_output=True, text=True, timeout=150, env=env)
     assert out.returncode == 2, out.stderr[-3000:]
     assert f"tracking_uri {uri}: the MLflow server does not answer" in out.stderr

@@ -9,12 +9,12 @@ import sys
 import pytest
 import torch
 
-from trainer.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from trainer.config import OptimConfig, config_errors, config_hash
-from trainer.loop import TrainingDiverged, train
-from trainer.model import Llama
-from trainer.optim import lr_at
-from trainer.reporting import Reporter
+from trainer.model.llama import Llama
+from trainer.run.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from trainer.run.loop import TrainingDiverged, train
+from trainer.run.optim import lr_at
+from trainer.run.reporting import Reporter
 
 FAST = ["eval.passkey.enabled=false", "eval.extrapolation_batches=0"]
 METRICS = {"train_loss", "val_loss", "val_bpb", "tokens_per_s", "mfu", "val_loss_x2", "val_loss_x4", "val_loss_x8",
@@ -145,7 +145,7 @@ def test_lr_schedule_shape():
 
 def test_cli_train_logs_to_mlflow(tmp_path, cache_dir):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    cmd = [sys.executable, "-m", "hdrope.console", "train", "tiny", "train.steps=10", f"data.cache_dir={cache_dir}",
+    cmd = [sys.executable, "-m", "sweeps.console", "train", "tiny", "train.steps=10", f"data.cache_dir={cache_dir}",
            f"train.out_dir={tmp_path / 'run'}", "train.log_every=5", "train.eval_every=5", *FAST,
            "--tracking-uri", uri, "--no-progress"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -168,7 +168,7 @@ def test_cli_train_logs_to_mlflow(tmp_path, cache_dir):
 
 
 def test_cli_user_errors_exit_2(cache_dir):
-    cmd = [sys.executable, "-m", "hdrope.console", "train", "tiny", "model.pe.rotation_dim=5"]
+    cmd = [sys.executable, "-m", "sweeps.console", "train", "tiny", "model.pe.rotation_dim=5"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "model.pe.rotation_dim=5" in out.stderr and "Traceback" not in out.stderr
 
@@ -183,7 +183,7 @@ def test_the_training_loop_reads_the_loss_back_only_at_log_steps(tiny_cfg, monke
         orig = getattr(torch.Tensor, name)
 
         def spy(self, *a, _orig=orig, _name=name):
-            if sys._getframe(1).f_code.co_filename.endswith("trainer/loop.py"):
+            if sys._getframe(1).f_code.co_filename.endswith("trainer/run/loop.py"):
                 reads.append(_name)
             return _orig(self, *a)
 
@@ -195,7 +195,7 @@ def test_the_training_loop_reads_the_loss_back_only_at_log_steps(tiny_cfg, monke
 
 
 def _hdrope(*args: str, cwd=None, env=None, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hdrope.console", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "sweeps.console", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd, env=env)
 
 
@@ -207,7 +207,7 @@ def test_a_second_train_into_one_run_directory_is_refused_naming_the_first(tmp_p
     run = tmp_path / "run"
     args = ["train", "tiny", f"data.cache_dir={cache_dir}", f"train.out_dir={run}", "train.steps=100000",
             "train.ckpt_every=0", "train.eval_every=0", *FAST, "--no-progress"]
-    first = subprocess.Popen([sys.executable, "-m", "hdrope.console", *args], stdout=subprocess.PIPE,
+    first = subprocess.Popen([sys.executable, "-m", "sweeps.console", *args], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -221,7 +221,7 @@ def test_a_second_train_into_one_run_directory_is_refused_naming_the_first(tmp_p
     assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr[-2000:]
     assert f"{run} is in use by hdrope train of config " in second.stderr
     assert f"(PID {first.pid}, started " in second.stderr
-    from trainer.run_files import read_metrics
+    from trainer.files.run_files import read_metrics
 
     steps = [rec["step"] for rec in read_metrics(run / "metrics.jsonl")]
     assert steps and steps == sorted(set(steps))  # one writer: no step twice
@@ -247,7 +247,7 @@ def test_a_run_whose_checkpoints_are_all_damaged_is_refused_not_retrained_from_s
 
 
 def _bpe_file(path, text: str) -> str:
-    from trainer.tokenizer import train_bpe
+    from trainer.data.tokenizer import train_bpe
 
     path.parent.mkdir(parents=True, exist_ok=True)
     train_bpe([text], 300, path)
@@ -257,9 +257,9 @@ def _bpe_file(path, text: str) -> str:
 def test_a_relative_tokenizer_path_is_the_runs_one_file_wherever_it_resumes(tmp_path, cache_dir, monkeypatch):
     # `data.tokenizer=tok.json` used to resolve against each command's current directory
     from hdrope.errors import UserError
+    from trainer.data.tokenizer import JsonTokenizer
     from trainer.presets import load_config
-    from trainer.tokenizer import JsonTokenizer
-    from trainer.trained import load_trained
+    from trainer.run.trained import load_trained
 
     corpus = tmp_path / "small.txt"
     corpus.write_text("To be, or not to be, that is the question. " * 200)

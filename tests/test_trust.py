@@ -14,7 +14,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from trainer.position import IDENTITY_COLUMNS, POSITION_ENCODINGS, PEConfig, encoding_identity, pe_config_class
+from trainer.model.position import IDENTITY_COLUMNS, POSITION_ENCODINGS, PEConfig, encoding_identity, pe_config_class
 
 KIND_SPEC = """
 name: kinds
@@ -126,7 +126,7 @@ def test_report_groups_by_every_axis_except_the_seed():
 
 
 def test_a_run_directory_belongs_to_one_configuration(cache_dir, tmp_path):
-    base = [sys.executable, "-m", "hdrope.console", "train", "tiny", "train.steps=4", "train.ckpt_every=2",
+    base = [sys.executable, "-m", "sweeps.console", "train", "tiny", "train.steps=4", "train.ckpt_every=2",
             f"data.cache_dir={cache_dir}", "eval.passkey.enabled=false", "eval.extrapolation_batches=0",
             "--no-progress"]
     run = tmp_path / "run"
@@ -148,7 +148,7 @@ def test_a_run_directory_belongs_to_one_configuration(cache_dir, tmp_path):
 
 
 def test_resume_continues_metrics_without_repeating_steps(tiny_cfg):
-    from trainer.loop import train
+    from trainer.run.loop import train
 
     cfg = tiny_cfg("train.steps=8", "train.ckpt_every=4", "train.log_every=2", "train.eval_every=4",
                    "eval.passkey.enabled=false", "eval.extrapolation_batches=0", out="resumed")
@@ -184,7 +184,7 @@ def test_a_copied_sweep_writes_into_itself(tiny_sweep, tmp_path):
     plan = json.loads((copy / "plan.json").read_text())
     plan["root"] = str(tmp_path / "elsewhere")  # an edited root is ignored too
     (copy / "plan.json").write_text(json.dumps(plan))
-    out = subprocess.run([sys.executable, "-m", "hdrope.console", "sweep", "results", str(copy)],
+    out = subprocess.run([sys.executable, "-m", "sweeps.console", "sweep", "results", str(copy)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "c000-rotation_dim2-basisidentity-seed1" in out.stdout and "2D RoPE" in out.stdout  # the table, printed

@@ -29,7 +29,7 @@ def hdrope_sweep(spec: Path, cwd: Path, **kw) -> subprocess.Popen:
     """`hdrope sweep run SPEC` with an embedded Ray (all this machine's CPUs: 2 on CI) in a temp dir of its own."""
     from test_sweeps_e2e import ray_env
 
-    return subprocess.Popen([sys.executable, "-m", "hdrope.console", "sweep", "run", str(spec)], cwd=cwd,
+    return subprocess.Popen([sys.executable, "-m", "sweeps.console", "sweep", "run", str(spec)], cwd=cwd,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ray_env(), **kw)
 
 
@@ -38,7 +38,7 @@ def reference(spec: Path, cell_id: str, out: Path):
     import torch
 
     from sweeps.runner import prepare
-    from trainer.loop import train
+    from trainer.run.loop import train
 
     cfg = prepare(str(spec)).cell(cell_id).config
     cfg.train.out_dir = str(out)
@@ -52,7 +52,7 @@ def reference(spec: Path, cell_id: str, out: Path):
 def test_two_worker_cells_run_as_ray_train_inside_tune_with_one_mlflow_run_each(tmp_path, cache_dir):
     from test_sweeps_e2e import cell_runs
 
-    from trainer.run_files import METRICS_FILE, read_metrics
+    from trainer.files.run_files import METRICS_FILE, read_metrics
 
     spec = write_spec(tmp_path, "workers", cache_dir)
     t0 = time.monotonic()

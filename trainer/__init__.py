@@ -11,8 +11,8 @@ __all__ = ["Reporter", "RunConfig", "TrainResult", "load_config", "train"]
 
 if TYPE_CHECKING:
     from trainer.config import RunConfig
-    from trainer.loop import TrainResult
-    from trainer.reporting import Reporter
+    from trainer.run.loop import TrainResult
+    from trainer.run.reporting import Reporter
 
 
 def __getattr__(name: str) -> Any:  # lazy, so `import trainer.config` stays light
@@ -29,7 +29,7 @@ def __getattr__(name: str) -> Any:  # lazy, so `import trainer.config` stays lig
 
         return load_config
     if name == "Reporter":
-        from trainer.reporting import Reporter
+        from trainer.run.reporting import Reporter
 
         return Reporter
     raise AttributeError(name)

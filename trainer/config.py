@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hdrope.errors import UserError
-from trainer.model import ModelArgs, validate_model_args
-from trainer.tokenizer import tokenizer_hash_key
+from trainer.data.tokenizer import tokenizer_hash_key
+from trainer.model.args import ModelArgs, validate_model_args
+from trainer.run.optim import OPTIMIZERS, OptimConfig
 
 __all__ = [
     "BASE_METRICS",
@@ -92,23 +93,6 @@ class DataConfig:
     cache_dir: str = ""  # "" -> $HDROPE_CACHE or ~/.cache/hdrope
     passkey_ratio: float = 0.0  # fraction of training sequences that are passkey prompts
     passkey: PasskeyFormat = field(default_factory=PasskeyFormat)
-
-
-@dataclass
-class OptimConfig:
-    """Optimizer and learning-rate schedule (the paper: AdamW, warmup 1e-6 -> 1e-4, then decay)."""
-
-    name: str = "adamw"  # a key of trainer.optim.OPTIMIZERS: adamw | sgd | adafactor
-    lr: float = 1e-4
-    warmup_start_lr: float = 1e-6
-    final_lr: float = 1e-6
-    warmup_steps: int = 100
-    schedule: str = "cosine"  # cosine | linear | constant
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-8
-    weight_decay: float = 0.1
-    momentum: float = 0.0  # sgd only
-    grad_clip: float = 1.0  # 0 disables
 
 
 @dataclass
@@ -247,8 +231,6 @@ def config_errors(cfg: RunConfig) -> list[str]:
         )
     if "{k}" not in d.passkey.key:
         errors.append(f"data.passkey.key={d.passkey.key!r}: must contain the placeholder {{k}}")
-    from trainer.optim import OPTIMIZERS  # the registry beside the code that builds them (it imports this module)
-
     if o.name not in OPTIMIZERS:
         errors.append(f"optim.name={o.name!r}: choose one of {', '.join(sorted(OPTIMIZERS))}")
     if o.schedule not in ("cosine", "linear", "constant"):

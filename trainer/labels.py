@@ -14,7 +14,7 @@ from typing import Any
 __all__ = ["value_label"]
 
 HEAD_KEYS = ("name", "kind", "rope_type", "type")  # the key of a mapping that names what it is
-DISPLAY_NAMES = {"adamw": "AdamW", "sgd": "SGD", "adafactor": "Adafactor"}  # trainer.optim.OPTIMIZERS, as written
+DISPLAY_NAMES = {"adamw": "AdamW", "sgd": "SGD", "adafactor": "Adafactor"}  # trainer.run.optim.OPTIMIZERS, as written
 SHORT_KEYS = {"momentum": "m", "weight_decay": "wd", "warmup_steps": "warmup", "rotation_dim": "N"}
 
 

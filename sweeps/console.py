@@ -1,0 +1,83 @@
+"""The `hdrope` console script, where the lab is assembled: a lazy dispatcher to the commands each package owns.
+
+Commands are named by "module:function" strings and imported only when run, so `hdrope bases` imports no
+torch model code and `hdrope report` no Ray; the `hdrope` library itself knows none of its users. A command
+function takes argv (list[str]) and returns an exit code. A `hdrope.errors.UserError` escaping a command is a
+user error: one line, exit code 2. Any other exception is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+from hdrope.errors import UserError
+
+__all__ = ["BENCHES", "COMMANDS", "main"]
+
+# name -> (target, one-line help). Each package registers its own entries here by string only.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "bases": ("hdrope.commands:bases_main", "table of mixing bases: orthogonality, det, incoherence, K density"),
+    "train": ("trainer.run.cli:train_main", "train one model from a preset or YAML plus key=value overrides"),
+    "data": ("trainer.data.cli:data_main", "prepare a corpus as verified, resumable token shards for training"),
+    "passkey": ("trainer.evals.passkey.cli:passkey_main", "build the paper's passkey dataset / evaluate a checkpoint"),
+    "eval": ("trainer.evals.cli:eval_main", "downstream benchmarks of a checkpoint through lm-evaluation-harness"),
+    "export": ("trainer.export.cli:export_main", "a checkpoint as a standard HF LlamaForCausalLM with the same logits"),
+    "sweep": ("sweeps.cli:sweep_main", "plan|run|submit|status|logs|resume|results of Ray Tune sweeps"),
+    "ui": ("sweeps.cli:ui_main", "MLflow UI on 127.0.0.1 for a sweep's tracking store"),
+    "report": ("analysis.cli:report_main", "the paper's tables and figures from a sweep (Markdown + PNG, to MLflow)"),
+    "theory": ("analysis.cli:theory_main", "decay bound, B(Δ), wavelengths and K mixing per rotation dim and θ"),
+    "bench": ("sweeps.console:bench_main", "benchmarks: rotary, encodings, train, sweep, analysis"),
+}
+BENCHES: dict[str, tuple[str, str]] = {
+    "rotary": ("hdrope.bench:main", "HD-RoPE kernels vs RoPE and the elementwise floor"),
+    "encodings": ("trainer.model.bench:main", "the q/k transform of every position-encoding kind vs RoPE"),
+    "train": ("trainer.run.bench:main", "training step time of RoPE vs HD-RoPE, tokens/s vs HF Llama, MFU"),
+    "sweep": ("sweeps.bench:main", "an 8-cell tiny grid under Ray Tune vs back to back in one process"),
+    "analysis": ("analysis.bench:main", "effective-rank throughput (maps/s) at L = 256 and 1024 over a stored dump"),
+}
+
+
+def _load(target: str):
+    module, func = target.split(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def _usage(table: dict[str, tuple[str, str]], prog: str) -> str:
+    width = max(map(len, table))
+    rows = "\n".join(f"  {name:<{width}}  {help_}" for name, (_, help_) in table.items())
+    return f"usage: {prog} <command> [args]\n\ncommands:\n{rows}\n"
+
+
+def _dispatch(table: dict[str, tuple[str, str]], argv: list[str], prog: str) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        sys.stdout.write(_usage(table, prog))
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in table:
+        sys.stderr.write(f"{prog}: unknown command {name!r}; choose one of {', '.join(table)}\n")
+        return 2
+    try:
+        return int(_load(table[name][0])(rest) or 0)
+    except UserError as err:
+        sys.stderr.write(f"{prog} {name}: error: {err}\n")
+        return 2
+
+
+def bench_main(argv: list[str]) -> int:
+    """`hdrope bench <target>`: run one package's benchmark."""
+    return _dispatch(BENCHES, argv, "hdrope bench")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `hdrope` console script."""
+    try:
+        return _dispatch(COMMANDS, list(sys.argv[1:] if argv is None else argv), "hdrope")
+    except BrokenPipeError:  # the reader went away (`hdrope bases | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

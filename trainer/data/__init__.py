@@ -1,0 +1,1 @@
+"""The data stage: corpora, tokenizers, verified token shards, deterministic batches and passkey prompts."""

@@ -1,0 +1,78 @@
+"""Deterministic batches: the windows of step s depend only on (seed, s, micro-batch), never on history.
+
+So the data position of a run is its step count, and a resumed run sees exactly the batches an
+uninterrupted one would. A batch is the step's global batch; with W data-parallel workers (the rank axis)
+worker r takes its contiguous 1/W of the rows, so W workers together see exactly the rows one process
+would. Validation windows are fixed, evenly spaced and shared by every run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from hdrope.errors import UserError
+from trainer.data.passkey_prompt import PasskeyPrompter
+
+__all__ = ["TrainBatches", "check_length", "to_device", "val_windows"]
+
+
+def check_length(tokens: np.ndarray, length: int, what: str) -> None:
+    """ValueError naming the knob when a token stream is too short for windows of `length` tokens."""
+    if len(tokens) < length + 1:
+        raise UserError(
+            f"{what} needs windows of {length + 1} tokens but the split holds only {len(tokens)}; "
+            "lower model.max_seq_len (or eval.extrapolation factors) or use a larger corpus"
+        )
+
+
+class TrainBatches:
+    """(batch / world_size, seq_len + 1) int64 windows from the train stream, with an optional passkey mixture:
+    rank `rank`'s rows of the global batch of `batch_size` rows."""
+
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        seq_len: int,
+        batch_size: int,
+        seed: int,
+        passkey: PasskeyPrompter | None = None,
+        passkey_ratio: float = 0.0,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        check_length(tokens, seq_len, "model.max_seq_len (training)")
+        if batch_size % world_size:
+            raise UserError(f"train.batch_size={batch_size} does not split evenly over {world_size} workers; "
+                            f"use a multiple of {world_size} or another number of workers")
+        self.tokens, self.seq_len, self.batch_size, self.seed = tokens, seq_len, batch_size, seed
+        self.passkey, self.passkey_ratio = passkey, passkey_ratio
+        per_rank = batch_size // world_size
+        self.rows = slice(rank * per_rank, (rank + 1) * per_rank)
+
+    def get(self, step: int, micro: int = 0) -> torch.Tensor:
+        """This rank's rows of micro-batch `micro` of optimizer step `step`."""
+        rng = np.random.default_rng([self.seed, step, micro])
+        n = self.seq_len + 1
+        starts = rng.integers(0, len(self.tokens) - n + 1, size=self.batch_size)
+        out = np.stack([np.asarray(self.tokens[s : s + n], dtype=np.int64) for s in starts])
+        if self.passkey is not None and self.passkey_ratio > 0:
+            for i in np.flatnonzero(rng.random(self.batch_size) < self.passkey_ratio):
+                ids = self.passkey.sample_training(n, rng)
+                out[i, n - len(ids) :] = ids  # real text before, the passkey prompt at the end
+        return torch.from_numpy(out[self.rows])
+
+
+def val_windows(tokens: np.ndarray, seq_len: int, count: int) -> torch.Tensor:
+    """`count` evenly spaced windows of seq_len + 1 tokens (may overlap when the split is short)."""
+    n = seq_len + 1
+    check_length(tokens, seq_len, f"validation at length {seq_len}")
+    starts = np.linspace(0, len(tokens) - n, count).astype(np.int64)
+    return torch.from_numpy(np.stack([np.asarray(tokens[s : s + n], dtype=np.int64) for s in starts]))
+
+
+def to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The batch on `device`; to a GPU through pinned memory with a non-blocking copy (the host runs ahead)."""
+    if device.type != "cuda":
+        return batch.to(device)
+    return batch.pin_memory().to(device, non_blocking=True)

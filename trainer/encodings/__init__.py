@@ -1,1 +1,0 @@
-"""Position encodings as `nn.Module`s registered in the model; the registry is `trainer.position`."""

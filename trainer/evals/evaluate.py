@@ -1,0 +1,111 @@
+"""Evaluations: validation loss and bits per byte, length extrapolation, passkey retrieval accuracy."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from trainer.config import EvalConfig
+from trainer.data.batches import val_windows
+from trainer.data.passkey_prompt import PasskeyPrompter, first_integer, stop_after_number
+from trainer.model.generate import greedy_generate
+from trainer.model.llama import Llama
+
+__all__ = ["Autocast", "PasskeyResult", "evaluate_passkey", "evaluate_validation", "window_loss"]
+
+Autocast = Callable[[], contextlib.AbstractContextManager]  # makes a fresh precision context per use
+
+
+@torch.no_grad()
+def window_loss(model: Llama, windows: torch.Tensor, batch_size: int, autocast: Autocast) -> float:
+    """Mean next-token cross-entropy (nats) over windows of (count, seq + 1) tokens."""
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    for i in range(0, len(windows), batch_size):
+        chunk = windows[i : i + batch_size].to(device)
+        with autocast():
+            logits = model(chunk[:, :-1])
+        loss = F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum")
+        total += float(loss)
+        count += chunk[:, 1:].numel()
+    return total / count
+
+
+def evaluate_validation(
+    model: Llama,
+    val_tokens: np.ndarray,
+    seq_len: int,
+    cfg: EvalConfig,
+    bytes_per_token: float,
+    autocast: Autocast,
+    extrapolate: bool = True,
+) -> dict[str, float]:
+    """val_loss and val_bpb at the train length; val_loss_x{f} at f times it when extrapolate."""
+    was_training = model.training
+    model.eval()
+    try:
+        n = cfg.val_batches * cfg.batch_size
+        loss = window_loss(model, val_windows(val_tokens, seq_len, n), cfg.batch_size, autocast)
+        out = {"val_loss": loss, "val_bpb": loss / math.log(2) / bytes_per_token}
+        if extrapolate and cfg.extrapolation_batches > 0:
+            for f in cfg.extrapolation:
+                bs = max(1, cfg.batch_size // f)
+                windows = val_windows(val_tokens, seq_len * f, cfg.extrapolation_batches * bs)
+                out[f"val_loss_x{f}"] = window_loss(model, windows, bs, autocast)
+    finally:
+        model.train(was_training)
+    return out
+
+
+@dataclass
+class PasskeyResult:
+    """Accuracy over the grid plus one row per prompt."""
+
+    accuracy: float
+    rows: list[dict]
+
+
+@torch.no_grad()
+def evaluate_passkey(
+    model: Llama,
+    prompter: PasskeyPrompter,
+    seq_len: int,
+    length_factors: list[float],
+    depths: int,
+    samples: int,
+    max_new_tokens: int,
+    seed: int,
+    autocast: Autocast,
+) -> PasskeyResult:
+    """Greedy passkey retrieval over (length x depth), scored by exact match of the first integer."""
+    was_training = model.training
+    model.eval()
+    rng = np.random.default_rng([seed, 7919])
+    fmt = prompter.fmt
+    stop = stop_after_number(prompter.tok)
+    rows = []
+    try:
+        for factor in length_factors:
+            length = round(seq_len * factor)
+            for depth in np.linspace(0.0, 1.0, depths):
+                for sample in range(samples):
+                    key = int(rng.integers(fmt.min_key, fmt.max_key + 1))
+                    p = prompter.build(length, float(depth), key)
+                    with autocast():
+                        gen = greedy_generate(model, p.prompt, max_new_tokens, stop)
+                    text = prompter.tok.decode(gen)
+                    rows.append({
+                        "length": len(p.prompt), "target_length": length, "length_factor": float(factor),
+                        "depth": p.depth, "depth_target": float(depth), "sample": sample, "passkey": key,
+                        "generated": text, "correct": first_integer(text) == str(key),
+                    })
+    finally:
+        model.train(was_training)
+    acc = sum(r["correct"] for r in rows) / len(rows) if rows else float("nan")
+    return PasskeyResult(acc, rows)

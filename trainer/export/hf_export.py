@@ -1,0 +1,149 @@
+"""Exact export of a trained model to a standard Hugging Face `LlamaForCausalLM` directory.
+
+HD-RoPE with a fixed basis is RoPE on re-parameterised queries and keys (NOTES §2): with B from
+`hdrope.fold.fold_matrix`, R_Q(m) = B·R_I(m)·Bᵀ, where R_I is the identity-basis rotation (plain
+2×2 pairs). A channel permutation P puts those pairs where HF's rotate-half expects them (pair k =
+channels k and k + d/2), so each head's W_q and W_k rows become P·Bᵀ·W, and attention scores are
+unchanged at every position. The pairs' frequencies (several pairs share one at N > 2, scaled or not)
+are written as HF `longrope` per-frequency factors (short and long lists equal, the attention factor
+explicit); unscaled N = 2 with the identity basis is plain `default` RoPE. Inference then runs at
+RoPE's cost in any HF-compatible engine. Encodings without a rotary form (NoPE) and sequence-length
+dependent scalings (dynamic, longrope) are refused with a clear error.
+
+The directory is written as plain files, without transformers: config.json and generation_config.json
+(the run tokenizer's bos/eos/pad ids), model.safetensors, the run's tokenizer.json when it has one and
+hdrope_export.json; they are written into a temporary sibling and renamed into place whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from hdrope import HDRotary
+from hdrope.errors import UserError
+from hdrope.fold import fold_matrix, identity_twin
+from hdrope.scaling import is_seq_dependent
+from trainer.config import RunConfig, config_hash
+from trainer.export.hf_compat import hf_config_dict, special_token_ids, to_hf_state_dict
+from trainer.files.dir_lock import refuse_non_directory
+from trainer.model.llama import Llama, ModelArgs
+from trainer.run.trained import load_trained, run_tokenizer
+
+__all__ = ["export_checkpoint", "export_model", "hf_rotary_map"]
+
+
+def _rotary(a: ModelArgs) -> HDRotary:
+    pe = a.pe
+    if pe.kind not in ("rope", "hdrope"):
+        raise UserError(f"model.pe.kind={pe.kind!r} is not exportable to HF Llama (only rope and hdrope, whose "
+                        "rotation folds into W_q/W_k, are)")
+    n, basis = (2, "identity") if pe.kind == "rope" else (pe.rotation_dim, pe.basis)
+    return HDRotary(a.resolved_head_dim, n, pe.theta, basis, pe.seed, pe.scaling, max_position=a.max_seq_len)
+
+
+def _pairs(generator: np.ndarray) -> list[tuple[int, int]]:
+    """(a, b) channel pairs of a plain pair generator: (R x)_a = x_a·cos − x_b·sin, (R x)_b = x_b·cos + x_a·sin."""
+    b_of = {int(a): int(np.flatnonzero(generator[:, a] > 0.5)[0]) for a in range(generator.shape[0])
+            if (generator[:, a] > 0.5).any()}
+    return [(a, b) for a, b in b_of.items() if generator[a, b] < -0.5]
+
+
+def hf_rotary_map(a: ModelArgs) -> tuple[np.ndarray, dict[str, Any]]:
+    """(M, rope_parameters): HF's q/k of a head are M·(ours), M = P·Bᵀ (head_dim²), with HF rope parameters
+    reproducing the pair frequencies exactly."""
+    rot = _rotary(a)
+    if is_seq_dependent(rot.scaling):
+        raise UserError(f"model.pe.scaling={rot.scaling['rope_type']!r} depends on the sequence length: not "
+                        "exportable with per-frequency factors; export an unscaled or linear/yarn/llama3 model")
+    d = rot.head_dim
+    twin = identity_twin(rot)
+    pairs = _pairs(twin.plan.generator)
+    sf = rot.scaled_frequencies()
+    channel_freq = sf.freqs[rot.layout.channel_frequency_index()]
+    pairs.sort(key=lambda p: -channel_freq[p[0]])  # HF's order: fastest first
+    perm = np.zeros((d, d))
+    for k, (ca, cb) in enumerate(pairs):
+        perm[k, ca] = perm[k + d // 2, cb] = 1.0
+    m = perm @ fold_matrix(rot).T
+    freqs = np.array([channel_freq[ca] for ca, _ in pairs])
+    theta = float(a.pe.theta)
+    hf_base = theta ** (-np.arange(0, d, 2) / d)
+    if sf.attention_factor == 1.0 and np.array_equal(freqs, hf_base):  # RoPE itself (N = 2, unscaled)
+        return m, {"rope_type": "default", "rope_theta": theta}
+    factors = (hf_base / freqs).tolist()  # HF longrope: inv_freq_k = hf_base_k / factor_k
+    return m, {"rope_type": "longrope", "rope_theta": theta, "short_factor": factors, "long_factor": factors,
+               "original_max_position_embeddings": a.max_seq_len, "attention_factor": float(sf.attention_factor)}
+
+
+def _check_out_dir(out_dir: Path) -> None:
+    """UserError unless OUT_DIR is missing or an empty directory (not a file, not under one)."""
+    refuse_non_directory(out_dir, "OUT_DIR")
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        raise UserError(f"{out_dir}: not empty; export into a new or empty directory")
+
+
+def _hf_state(model: Llama, m: np.ndarray, head_dim: int, tied: bool) -> dict[str, torch.Tensor]:
+    """Our weights under HF names with each head's q/k rows mapped by m (lm_head left out when tied, as HF saves)."""
+    state = to_hf_state_dict(model)
+    mt = torch.from_numpy(m)
+    for name, w in state.items():
+        if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
+            heads = w.double().reshape(-1, head_dim, w.shape[-1])
+            state[name] = torch.einsum("ij,hjk->hik", mt, heads).reshape(w.shape).to(w.dtype)
+    if tied:
+        state.pop("lm_head.weight")
+    return {name: w.detach().cpu().contiguous() for name, w in state.items()}
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def export_model(cfg: RunConfig, model: Llama, out_dir: Path, tok: Any = None) -> Path:
+    """Write an HF LlamaForCausalLM directory computing exactly what `model` computes, with the special-token ids
+    of `tok` (default: the run's tokenizer) and its tokenizer.json when it has one; returns out_dir."""
+    out_dir = Path(out_dir)
+    _check_out_dir(out_dir)
+    a = cfg.model
+    m, rope_parameters = hf_rotary_map(a)
+    tok = tok if tok is not None else run_tokenizer(cfg)
+    ids = special_token_ids(tok)
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "dtype": dtype,
+              **hf_config_dict(a, rope_parameters, ids)}
+    state = _hf_state(model, m, a.resolved_head_dim, a.tie_embeddings)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".{out_dir.name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()  # with the umask's mode, as out_dir would have
+    try:
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        _write_json(tmp / "config.json", config)
+        _write_json(tmp / "generation_config.json", {**{k: v for k, v in ids.items() if v is not None},
+                                                      "use_cache": True})
+        source = getattr(tok, "path", None)
+        if source is not None:
+            shutil.copyfile(source, tmp / "tokenizer.json")
+        note = "ids 0-255 are UTF-8 bytes, 256 <bos>, 257 <eos>, 258 <pad>" if cfg.data.tokenizer == "bytes" else ""
+        _write_json(tmp / "hdrope_export.json", {"config_hash": config_hash(cfg), "tokenizer": cfg.data.tokenizer,
+                                                 "note": note})
+        os.replace(tmp, out_dir)  # out_dir is missing or empty
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def export_checkpoint(checkpoint: Path, out_dir: Path) -> Path:
+    """Export a run's checkpoint (weights checksum-verified, config checked against the checkpoint's hash) as an
+    HF LlamaForCausalLM directory with the run's tokenizer."""
+    _check_out_dir(Path(out_dir))  # before loading anything
+    trained = load_trained(checkpoint)
+    return export_model(trained.cfg, trained.model, out_dir, trained.tok)

@@ -1,0 +1,1 @@
+"""The model stage: the compact Llama, its arguments, the encodings and their registry, generation and FLOPs."""

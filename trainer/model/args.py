@@ -1,0 +1,58 @@
+"""The decoder's architecture as a typed config (`ModelArgs`, the `model:` section of a run config) and its check.
+
+Imports no torch module code of the model: configs read it without building anything but the encoding's check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hdrope.errors import UserError
+from trainer.model.position import EncodingShape, PEConfig, PositionEncoding, build_position_encoding
+
+__all__ = ["ModelArgs", "validate_model_args"]
+
+
+@dataclass
+class ModelArgs:
+    """Architecture of the decoder; head_dim = dim // n_heads unless given."""
+
+    vocab_size: int = 259
+    dim: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    head_dim: int | None = None
+    ffn_hidden: int = 768
+    norm_eps: float = 1e-5
+    max_seq_len: int = 256
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+    depth_scaled_init: bool = False  # scale wo / w2 init by 1/sqrt(2·n_layers)
+    # one typed dataclass per kind (trainer.model.encodings.configs), chosen by pe.kind when the config is merged
+    pe: Any = field(default_factory=PEConfig)
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.dim // self.n_heads
+
+
+def validate_model_args(a: ModelArgs) -> PositionEncoding:
+    """Raise ValueError naming the field, the value and the fix for an impossible architecture.
+
+    Returns the position encoding it had to build to validate theta, basis and scaling.
+    """
+    for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len"):
+        v = getattr(a, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise UserError(f"model.{name} must be a positive integer, got {v!r}")
+    if a.head_dim is None and a.dim % a.n_heads:
+        raise UserError(f"model.dim={a.dim} is not divisible by model.n_heads={a.n_heads}; set head_dim or change one")
+    if a.n_heads % a.n_kv_heads:
+        raise UserError(
+            f"model.n_heads={a.n_heads} is not divisible by model.n_kv_heads={a.n_kv_heads}; "
+            "grouped-query attention needs n_kv_heads to divide n_heads"
+        )
+    shape = EncodingShape(a.resolved_head_dim, a.n_heads, a.n_kv_heads, a.n_layers, a.max_seq_len)
+    return build_position_encoding(a.pe, shape)  # the kind registry checks model.pe for this shape first

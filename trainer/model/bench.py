@@ -1,0 +1,90 @@
+"""`hdrope bench encodings`: the q/k transform of every registered position encoding, side by side.
+
+Each kind is built with its default config for one attention shape and timed on the same q and k
+(tables for the positions, then the transform of one layer; score-bias kinds time their bias),
+round-robin in one process with `hdrope.bench.median_round_robin`, against RoPE and an
+elementwise floor (q*2 and k*2). HD-RoPE N = 4 Paley is listed eager and compiled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from hdrope.bench import median_round_robin
+from hdrope.errors import UserError
+from trainer.model.encodings.base import EncodingShape, PositionModule
+from trainer.model.position import POSITION_ENCODINGS, PEConfig, build_position_encoding, encoding_identity
+
+__all__ = ["main", "run_encodings_bench"]
+
+
+def _variants() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kind, entry in POSITION_ENCODINGS.items():
+        cfg = PEConfig(kind=kind, fused=False) if entry.config is PEConfig else entry.config()  # eager everywhere
+        out[encoding_identity(cfg)["pe_label"] + ("" if kind != "hdrope" else " eager")] = cfg
+    out["4D Paley compiled"] = PEConfig(kind="hdrope", fused=True)
+    return out
+
+
+def _transform(enc: PositionModule, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor,
+               backward: bool) -> Callable[[], None]:
+    def fwd() -> None:
+        tables = enc.tables(pos, q.dtype, q.shape[-2])
+        qq, kk = enc.rotate(q, k, tables, 0)
+        enc.score_bias(pos, q.shape[-2])  # ALiBi's cost is its bias
+        if backward and qq.requires_grad:
+            (qq.sum() + kk.sum()).backward()
+
+    return fwd
+
+
+def run_encodings_bench(shape: tuple[int, int, int, int] = (8, 8, 1024, 64), rounds: int = 15) -> list[dict]:
+    """Forward and forward+backward ms of each kind's transform; ratios to RoPE and to the floor."""
+    _b, h, s, d = shape
+    torch.manual_seed(0)
+    q, k = torch.randn(shape), torch.randn(shape)
+    qg, kg = q.clone().requires_grad_(True), k.clone().requires_grad_(True)
+    pos = torch.arange(s)
+    dims = EncodingShape(d, h, h, 1, s)
+    fwd: dict[str, Callable[[], object]] = {"floor": lambda: (q * 2.0, k * 2.0)}
+    bwd: dict[str, Callable[[], object]] = {}
+    for label, cfg in _variants().items():
+        enc = build_position_encoding(cfg, dims)
+        fwd[label] = _transform(enc, q, k, pos, backward=False)
+        bwd[label] = _transform(enc, qg, kg, pos, backward=True)
+    t_f, t_b = median_round_robin(fwd, rounds), median_round_robin(bwd, rounds)
+    floor = t_f.pop("floor")
+    return [{"encoding": name, "fwd_ms": ms, "fwd_vs_rope": ms / t_f["RoPE"], "fwd_vs_floor": ms / floor,
+             "fwdbwd_ms": t_b[name], "fwdbwd_vs_rope": t_b[name] / t_b["RoPE"], "floor_ms": floor}
+            for name, ms in t_f.items()]
+
+
+def main(argv: list[str]) -> int:
+    """Run the encodings benchmark and print one row per kind."""
+    ap = argparse.ArgumentParser(prog="hdrope bench encodings", description=__doc__)
+    ap.add_argument("--shape", type=int, nargs=4, default=[8, 8, 1024, 64], metavar=("B", "H", "S", "D"))
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    args = ap.parse_args(argv)
+    if args.rounds < 1:
+        raise UserError(f"--rounds must be ≥ 1, got {args.rounds}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = run_encodings_bench(tuple(args.shape), args.rounds)
+    print(f"q and k {tuple(args.shape)} fp32, {torch.get_num_threads()} threads, median of {args.rounds} "
+          f"round-robin rounds; floor (q*2, k*2) = {rows[0]['floor_ms']:.3f} ms")
+    print(f"{'encoding':<24}{'fwd ms':>9}{'fwd/RoPE':>10}{'fwd/floor':>10}{'fwd+bwd ms':>12}{'f+b/RoPE':>10}")
+    for r in rows:
+        print(f"{r['encoding']:<24}{r['fwd_ms']:>9.3f}{r['fwd_vs_rope']:>10.2f}{r['fwd_vs_floor']:>10.2f}"
+              f"{r['fwdbwd_ms']:>12.3f}{r['fwdbwd_vs_rope']:>10.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0

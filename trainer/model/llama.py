@@ -1,0 +1,178 @@
+"""A compact Llama-3-style decoder with a pluggable position encoding (one readable file).
+
+RMSNorm, SwiGLU, grouped-query attention through F.scaled_dot_product_attention(is_causal=True),
+no biases, N(0, init_std) init (the paper's 0.02), optional depth-scaled output projections and
+tied embeddings. Its arguments, `ModelArgs`, sit beside it in `trainer.model.args`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainer.model.args import ModelArgs, validate_model_args
+from trainer.model.position import PositionEncoding
+
+__all__ = ["KVCache", "Llama", "ModelArgs", "validate_model_args"]
+
+
+@dataclass
+class _Context:
+    cache: KVCache | None = None
+    capture: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+class KVCache:
+    """Rotated keys and values per layer for incremental decoding; `length` is the cached prefix."""
+
+    def __init__(self, n_layers: int) -> None:
+        self.kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * n_layers
+
+    @property
+    def length(self) -> int:
+        first = self.kv[0]
+        return 0 if first is None else first[0].shape[2]
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        past = self.kv[layer]
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        self.kv[layer] = (k, v)
+        return k, v
+
+
+class Attention(nn.Module):
+    def __init__(self, a: ModelArgs, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.n_heads, self.n_kv_heads, self.head_dim = a.n_heads, a.n_kv_heads, a.resolved_head_dim
+        self.wq = nn.Linear(a.dim, a.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(a.dim, a.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(a.dim, a.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(a.n_heads * self.head_dim, a.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, pe: PositionEncoding, tables: object, ctx: _Context) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.wq(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = pe.rotate(q, k, tables, self.layer)
+        past = 0
+        if ctx.cache is not None:
+            prev = ctx.cache.kv[self.layer]
+            past = 0 if prev is None else prev[0].shape[2]
+            k, v = ctx.cache.update(self.layer, k, v)
+        if ctx.capture is not None:
+            ctx.capture[self.layer] = (q, k)
+        gqa = self.n_kv_heads != self.n_heads
+        bias = pe.score_bias(torch.arange(past, past + s, device=x.device), past + s)
+        if bias is not None:  # attention-bias encodings (ALiBi): causal mask and bias as one float mask
+            causal = torch.ones(s, past + s, dtype=torch.bool, device=x.device).tril(diagonal=past)
+            mask = bias.to(q.dtype).masked_fill(~causal, float("-inf"))
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        elif past == 0:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:  # queries sit at the end of the keys: causal mask aligned bottom-right
+            mask = torch.ones(s, past + s, dtype=torch.bool, device=x.device).tril(diagonal=past)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        return self.wo(y.transpose(1, 2).reshape(b, s, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, a: ModelArgs) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(a.dim, a.ffn_hidden, bias=False)
+        self.w3 = nn.Linear(a.dim, a.ffn_hidden, bias=False)
+        self.w2 = nn.Linear(a.ffn_hidden, a.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, a: ModelArgs, layer: int) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(a.dim, a.norm_eps)
+        self.attention = Attention(a, layer)
+        self.ffn_norm = RMSNorm(a.dim, a.norm_eps)
+        self.feed_forward = FeedForward(a)
+
+    def forward(self, x: torch.Tensor, pe: PositionEncoding, tables: object, ctx: _Context) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), pe, tables, ctx)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Llama(nn.Module):
+    """Decoder-only transformer; forward(tokens, positions=None) returns logits (batch, seq, vocab)."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.pe = validate_model_args(args)
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(Block(args, i) for i in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        if args.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """N(0, init_std) for every matrix (depth-scaled for wo/w2 when enabled); norms at 1.
+
+        The position encoding's own parameters (`pe.*`) keep the initialisation their module gave them."""
+        std = self.args.init_std
+        out_std = std / math.sqrt(2 * self.args.n_layers) if self.args.depth_scaled_init else std
+        for name, p in self.named_parameters():
+            if name.startswith("pe."):
+                continue
+            if p.dim() == 1:
+                p.fill_(1.0)
+            elif name.endswith(("wo.weight", "w2.weight")):
+                nn.init.normal_(p, 0.0, out_std)
+            else:
+                nn.init.normal_(p, 0.0, std)
+
+    def num_params(self, include_embeddings: bool = True) -> int:
+        """Parameter count (tied weights counted once)."""
+        n = sum(p.numel() for p in self.parameters())
+        return n if include_embeddings else n - self.tok_embeddings.weight.numel()
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        capture: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
+    ) -> torch.Tensor:
+        """Logits for tokens (batch, seq). With a cache, tokens continue the cached prefix (positions
+        default to follow it). With capture, each layer stores its rotated (q, k) under its index."""
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must be (batch, seq) integer ids, got shape {tuple(tokens.shape)}")
+        length = None
+        if positions is None:
+            start = cache.length if cache is not None else 0
+            length = start + tokens.shape[1]  # known here: the tables need not read positions (no GPU sync)
+            positions = torch.arange(start, length, device=tokens.device)
+        h = self.tok_embeddings(tokens)
+        tables = self.pe.tables(positions, h.dtype, length)
+        ctx = _Context(cache, capture)
+        for layer in self.layers:
+            h = layer(h, self.pe, tables, ctx)
+        return self.output(self.norm(h))

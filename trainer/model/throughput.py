@@ -1,0 +1,58 @@
+"""Model FLOPs per token and an MFU estimate against a peak (given, known for the GPU, or measured).
+
+FLOPs follow the PaLM appendix: 6·N for the matmuls (N = parameters without the input embedding)
+plus 12·n_layers·n_heads·head_dim·seq for attention scores and values, forward plus backward.
+On a CPU, the peak is the measured throughput of a large fp32/bf16 matmul on the threads in use,
+so CPU MFU reads as "fraction of achievable GEMM speed".
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import torch
+
+from trainer.model.args import ModelArgs
+
+__all__ = ["flops_per_token", "peak_flops"]
+
+# Dense bf16 tensor-core peaks (FLOP/s) of common accelerators, by a substring of the device name.
+_GPU_PEAKS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "4090": 165e12}
+
+
+def flops_per_token(a: ModelArgs, seq_len: int) -> float:
+    """Training FLOPs (forward + backward) per token at sequence length seq_len."""
+    hd = a.resolved_head_dim
+    attn = a.dim * hd * (2 * a.n_heads + 2 * a.n_kv_heads)
+    ffn = 3 * a.dim * a.ffn_hidden
+    n = a.n_layers * (attn + ffn) + a.dim * a.vocab_size  # output projection; input embedding is a lookup
+    return 6.0 * n + 12.0 * a.n_layers * a.n_heads * hd * seq_len
+
+
+@functools.lru_cache(maxsize=4)
+def _measured(device: str, dtype: torch.dtype, threads: int) -> float:  # threads: part of the cache key
+    n = 1024
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    reps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < 0.3:
+        a @ b
+        reps += 1
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return 2.0 * n**3 * reps / (time.perf_counter() - t0)
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype, configured_tflops: float = 0.0) -> float:
+    """Peak FLOP/s for MFU: configured, else a known GPU peak, else a measured matmul rate."""
+    if configured_tflops > 0:
+        return configured_tflops * 1e12
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, peak in _GPU_PEAKS.items():
+            if key in name:
+                return peak
+    return _measured(str(device), dtype, torch.get_num_threads())
