@@ -17,6 +17,7 @@ the unit of replication everywhere:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -36,6 +37,9 @@ from analysis.plots import save
 from analysis.stats import mean_interval, proportion_interval
 from analysis.variants import theta_text, trained
 from hdrope.errors import UserError
+
+if TYPE_CHECKING:
+    from sweeps.plan import Plan
 
 __all__ = ["ablation_table", "build_report", "comparisons", "metric_columns", "references", "report_figures",
            "verdict_lines"]
@@ -181,15 +185,15 @@ def report_figures(sweep_dir: str | Path, head_dim: int | None = None) -> list[F
             for f in metric_vs_theta(cells, m, LEVEL)]
     figs += passkey_fans(cells)
     figs += rank_figures(cells, LEVEL)
-    figs += fourier_figures(cells, head_dim or _head_dim(read_json(sweep_dir / "plan.json")), LEVEL)
+    figs += fourier_figures(cells, head_dim or _head_dim(_plan(sweep_dir)), LEVEL)
     return figs
 
 
 def build_report(sweep_dir: str | Path, tracking_uri: str | None = None) -> Path:
     """Write report.md and its figures for a sweep directory; log them to its MLflow parent run."""
     sweep_dir = Path(sweep_dir)
-    plan = read_json(sweep_dir / "plan.json")
-    name = plan.get("name", sweep_dir.name)
+    plan = _plan(sweep_dir)
+    name = plan.spec.name if plan else sweep_dir.name
     results = load_results(sweep_dir)
     cells = sweep_cells(sweep_dir)
     if cells.empty:
@@ -261,14 +265,16 @@ def verdict_lines(report_dir: Path) -> list[str]:
     return [verdict(row) for _, row in pd.read_csv(path).iterrows()]
 
 
-def _spec_uri(plan: dict) -> str | None:
-    """The tracking URI the sweep's spec named (stored data, never resolved)."""
-    if not plan.get("spec"):
-        return None
-    from omegaconf import OmegaConf
+def _plan(sweep_dir: Path) -> Plan | None:
+    """The sweep's stored plan, or None for a directory that holds only its results."""
+    from sweeps.plan_file import PLAN_FILE, load_plan
 
-    uri = OmegaConf.to_container(OmegaConf.create(plan["spec"]), resolve=False).get("tracking_uri") or None
-    return None if uri and "${" in uri else uri
+    return load_plan(sweep_dir) if (sweep_dir / PLAN_FILE).is_file() else None
+
+
+def _spec_uri(plan: Plan | None) -> str | None:
+    """The tracking URI the sweep's spec named."""
+    return (plan.spec.tracking_uri or None) if plan else None
 
 
 def _log_to_mlflow(sweep_dir: Path, name: str, files: list[Path], tracking_uri: str | None) -> str | None:
@@ -289,10 +295,6 @@ def _log_to_mlflow(sweep_dir: Path, name: str, files: list[Path], tracking_uri: 
     return runs[0].info.run_id
 
 
-def _head_dim(plan: dict) -> int:
-    from omegaconf import OmegaConf
-
-    for cell in plan.get("cells", {}).values():
-        m = OmegaConf.create(cell["config"]).model
-        return int(m.head_dim or m.dim // m.n_heads)
-    return 64
+def _head_dim(plan: Plan | None) -> int:
+    """The head width of the sweep's models (64 when the plan is not stored)."""
+    return plan.cells[0].config.model.resolved_head_dim if plan and plan.cells else 64

@@ -39,7 +39,8 @@ def run_sweep_bench(steps: int = 30, concurrent: int = 1) -> dict:
     """Time both arms; returns the figures as a dict."""
     import ray
 
-    from sweeps.runner import _execute, _init_ray, prepare, write_plan
+    from sweeps.plan_file import save_plan
+    from sweeps.runner import _execute, _init_ray, prepare
     from sweeps.tracking import default_tracking_uri
     from trainer.run.loop import train
 
@@ -54,12 +55,12 @@ def run_sweep_bench(steps: int = 30, concurrent: int = 1) -> dict:
 
         spec_file.write_text(_SPEC.format(storage=Path(tmp) / "tune", steps=steps, concurrent=concurrent))
         plan = prepare(str(spec_file))
-        payload = write_plan(plan)
+        plan = save_plan(plan)
         t0 = time.perf_counter()
         _init_ray(None, plan.spec)
         startup = time.perf_counter() - t0
         t1 = time.perf_counter()
-        _execute(payload, plan.spec, None, default_tracking_uri(plan.root), restore=False)
+        _execute(plan, None, default_tracking_uri(plan.root), restore=False)
         tuned = time.perf_counter() - t1
         ray.shutdown()
     n = len(plan.to_run)

@@ -10,9 +10,11 @@ from typing import Any
 
 from ray import tune
 
+from sweeps.plan import Plan
+from sweeps.plan_file import load_plan
 from sweeps.tracking import ServerWatch, SweepTracker, cell_run_name, is_outage
-from sweeps.trainable import reported_metrics, resolve_cell
-from trainer.config import config_hash, flatten_config
+from sweeps.trainable import reported_metrics
+from trainer.config import flatten_config
 from trainer.files.run_files import RESULT_FILE
 from trainer.labels import value_label
 from trainer.model.position import encoding_identity
@@ -20,10 +22,11 @@ from trainer.model.position import encoding_identity
 __all__ = ["TrackingCallback", "cell_end_ms", "trial_name"]
 
 
-def trial_name(trial: Any, payload: dict[str, Any]) -> str:
-    """Tune's name for a trial: its cell's readable run name (e.g. 4D-Paley-θ10000-s42), as in MLflow."""
-    _, cfg, values = resolve_cell(payload, trial.config)
-    return _run_name(payload, cfg, values)
+def trial_name(trial: Any, plan: Plan | None = None, payload: dict[str, Any] | None = None) -> str:
+    """Tune's name for a trial: its cell's readable run name (e.g. 4D-Paley-θ10000-s42), as in MLflow.
+
+    (`payload`: the plan as Tune state pickled before the plan was typed holds it; its sweep's plan is loaded.)"""
+    return _run_name(plan or load_plan(payload["root"]), trial.config)
 
 
 def cell_end_ms(run_dir: Path) -> int | None:
@@ -37,8 +40,9 @@ def cell_end_ms(run_dir: Path) -> int | None:
     return None
 
 
-def _run_name(payload: dict[str, Any], cfg: Any, values: dict[str, Any]) -> str:
-    return cell_run_name(encoding_identity(cfg.model.pe), cfg.train.seed, values, payload.get("seed_axes", []))
+def _run_name(plan: Plan, trial_config: dict[str, Any]) -> str:
+    cell = plan.trial_cell(trial_config)
+    return cell_run_name(encoding_identity(cell.config.model.pe), cell.config.train.seed, cell.values, plan.seed_axes)
 
 
 def _outage_tolerant(hook: Callable[..., None]) -> Callable[..., None]:
@@ -64,14 +68,19 @@ def _outage_tolerant(hook: Callable[..., None]) -> Callable[..., None]:
 class TrackingCallback(tune.Callback):
     """Maps each trial to its cell's one MLflow run and logs metrics, status and artifacts there."""
 
-    def __init__(self, uri: str, payload: dict[str, Any]) -> None:
-        self.uri, self.payload = uri, payload
+    def __init__(self, uri: str, plan: Plan) -> None:
+        self.uri, self.plan = uri, plan
         self._tracker: SweepTracker | None = None
         self._resolved: dict[str, tuple[str, str, Path]] = {}
         self._watch: ServerWatch | None = None
 
     def __getstate__(self) -> dict[str, Any]:  # Tune pickles callbacks with the experiment state
-        return {"uri": self.uri, "payload": self.payload, "_tracker": None, "_resolved": {}, "_watch": None}
+        return {"uri": self.uri, "plan": self.plan, "_tracker": None, "_resolved": {}, "_watch": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "payload" in state:  # pickled before the plan was typed: the sweep's plan, as load_plan reads it
+            state = {**state, "plan": load_plan(state.pop("payload")["root"])}
+        self.__dict__.update(state)
 
     @property
     def watch(self) -> ServerWatch:
@@ -83,7 +92,7 @@ class TrackingCallback(tune.Callback):
     @property
     def tracker(self) -> SweepTracker:
         if self._tracker is None:
-            self._tracker = SweepTracker(self.uri, self.payload["name"], Path(self.payload["root"]) / "artifacts")
+            self._tracker = SweepTracker(self.uri, self.plan.spec.name, self.plan.root / "artifacts")
         return self._tracker
 
     def run_for(self, trial_config: dict[str, Any]) -> tuple[str, str, Path]:
@@ -94,15 +103,20 @@ class TrackingCallback(tune.Callback):
         return self._resolved[key]
 
     def _resolve(self, trial_config: dict[str, Any]) -> tuple[str, str, Path]:
-        cell_id, cfg, values = resolve_cell(self.payload, trial_config)
-        cell = self.payload["cells"].get(cell_id, {})
-        axes = ", ".join(f"{k}={value_label(v)}" for k, v in values.items())
-        tags = {"dedup_group": cell.get("group", ""), "axes": axes}
+        cell = self.plan.trial_cell(trial_config)
+        cfg = cell.config
+        axes = ", ".join(f"{k}={value_label(v)}" for k, v in cell.values.items())
+        tags = {"dedup_group": cell.group if cell.cell_id in self._planned else "", "axes": axes}
         identity = encoding_identity(cfg.model.pe)
         tags.update({k: str(v) for k, v in identity.items()})
-        run_id = self.tracker.cell_run(cell_id, config_hash(cfg), flatten_config(cfg), tags,
-                                       _run_name(self.payload, cfg, values))
-        return cell_id, run_id, Path(cfg.train.out_dir)
+        run_id = self.tracker.cell_run(cell.cell_id, cell.config_hash, flatten_config(cfg), tags,
+                                       _run_name(self.plan, trial_config))
+        return cell.cell_id, run_id, Path(cfg.train.out_dir)
+
+    @property
+    def _planned(self) -> set[str]:
+        """The ids of the plan's stored cells (an Optuna trial's cell is not one of them)."""
+        return {c.cell_id for c in self.plan.cells}
 
     @_outage_tolerant
     def on_trial_start(self, iteration, trials, trial, **info):

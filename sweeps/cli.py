@@ -82,19 +82,19 @@ def _submit(a: argparse.Namespace) -> int:
 
 
 def _status(a: argparse.Namespace) -> int:
+    from sweeps.plan_file import find_plan
     from sweeps.results import cell_rows
-    from sweeps.runner import find_sweep
 
-    payload = find_sweep(a.name, a.storage)
-    rows = cell_rows(payload)
+    plan = find_plan(a.name, a.storage)
+    rows = cell_rows(plan)
     counts = Counter(r["status"] for r in rows)
-    print(f"sweep {payload['name']} at {payload['root']}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    print(f"sweep {plan.spec.name} at {plan.root}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     for r in rows:
         last = _last_metrics(Path(r["run_dir"]))
         shown = " ".join(f"{k}={v:.4g}" for k, v in last.items() if k in ("train_loss", "val_loss") and v is not None)
         via = f" (= {r['dedup_of']})" if r["dedup_of"] else ""
         print(f"  {r['cell_id']:<40} {r['status']:<9} step {last.get('step', 0):>6} {shown}{via}")
-    job = Path(payload["root"]) / "job.json"
+    job = plan.root / "job.json"
     if job.is_file():
         print(f"  submitted job: {json.loads(job.read_text())}")
     return 0
@@ -110,11 +110,10 @@ def _last_metrics(run_dir: Path) -> dict:
 
 
 def _logs(a: argparse.Namespace) -> int:
-    from sweeps.runner import find_sweep
+    from sweeps.plan_file import find_plan
     from trainer.files.run_files import METRICS_FILE, read_metrics
 
-    payload = find_sweep(a.name, a.storage)
-    root = Path(payload["root"])
+    root = find_plan(a.name, a.storage).root
     job = root / "job.json"
     if job.is_file():
         from sweeps.submit import job_logs
@@ -144,10 +143,10 @@ def _columns(records: list[dict]) -> str:
 
 
 def _results(a: argparse.Namespace) -> int:
+    from sweeps.plan_file import find_plan
     from sweeps.results import write_results
-    from sweeps.runner import find_sweep
 
-    path = write_results(find_sweep(a.name, a.storage), Path(a.out) if a.out else None)
+    path = write_results(find_plan(a.name, a.storage), Path(a.out) if a.out else None)
     print(results_text(path))
     print(f"\nwritten to {path}")
     _warn_corrupt(path)
@@ -248,11 +247,11 @@ def ui_main(argv: list[str]) -> int:
     from sweeps.mlflow_server import serve_forever
 
     if a.name:
-        from sweeps.runner import find_sweep
+        from sweeps.plan_file import find_plan
         from sweeps.tracking import default_tracking_uri
 
-        payload = find_sweep(a.name, a.storage)
-        uri, experiment = default_tracking_uri(Path(payload["root"])), payload["name"]
+        plan = find_plan(a.name, a.storage)
+        uri, experiment = default_tracking_uri(plan.root), plan.spec.name
     elif a.tracking_uri:
         uri, experiment = a.tracking_uri, ""
     else:

@@ -9,6 +9,7 @@ seed of a non-random basis is unused; `nope` ignores every rotary setting; `fuse
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
 import json
 import math
@@ -68,6 +69,32 @@ class Plan:
 
     def cell(self, cell_id: str) -> Cell:
         return next(c for c in self.cells if c.cell_id == cell_id)
+
+    @property
+    def axes(self) -> list[str]:
+        """The keys cells differ by: the grid's axes, or an Optuna search's dimensions."""
+        return list(self.spec.axes) or list(self.spec.search.space)
+
+    @property
+    def seed_axes(self) -> list[str]:
+        """The axes that are seeds (a report averages over them)."""
+        return seed_axes(self.axes)
+
+    @property
+    def required_metric(self) -> str | None:
+        """The metric every intermediate result must carry (for a searcher or scheduler), else None."""
+        return self.spec.search.metric if metric_driven(self.spec) else None
+
+    def trial_cell(self, trial_config: dict[str, Any]) -> Cell:
+        """The cell a Tune trial trains: a planned grid cell (`{"cell": id}`), or an Optuna sample, named
+        t-<hash of its values> and resolved like a grid cell."""
+        if "cell" in trial_config:
+            return self.cell(trial_config["cell"])
+        values = {k: trial_config[k] for k in self.spec.search.space}
+        digest = hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:12]
+        cell_id = f"t-{digest}"
+        cfg = cell_config(self.spec, values, cell_id, self.root / "cells" / cell_id)
+        return Cell(cell_id, values, cfg, config_hash(cfg), config_hash(cfg))
 
     def summary(self) -> dict[str, Any]:
         """Counts and resources, as `hdrope sweep plan` prints them."""

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hdrope.errors import UserError
+from sweeps.plan import Plan
 from trainer.config import BASE_METRICS, metric_names
 from trainer.files.run_files import RUN_FILE, read_lm_eval, read_result
 from trainer.model.position import IDENTITY_COLUMNS, encoding_identity
@@ -47,18 +48,15 @@ def axis_columns(values: dict[str, Any]) -> dict[str, str]:
     return {k: json.dumps(v) if isinstance(v, (list, dict)) else str(v) for k, v in values.items()}
 
 
-def planned_frame(plan) -> Any:
+def planned_frame(plan: Plan) -> Any:
     """The plan's cells shaped like results.parquet before anything ran (every cell as if FINISHED, dedup kept as
     planned), with the axes in `attrs`: what the analysis needs to know which comparisons a report will draw."""
     import pandas as pd
 
-    from sweeps.plan import seed_axes
-
-    axes = list(plan.spec.axes) or list(plan.spec.search.space)
     df = pd.DataFrame([{**axis_columns(c.values), "cell_id": c.cell_id, "status": "FINISHED",
                         "dedup_of": c.dedup_of, **encoding_identity(c.config.model.pe),
                         "seed": int(c.config.train.seed)} for c in plan.cells])
-    df.attrs = {"axes": axes, "seed_axes": seed_axes(axes)}
+    df.attrs = {"axes": plan.axes, "seed_axes": plan.seed_axes}
     return df
 
 
@@ -83,61 +81,58 @@ def _row(name: str, cell_id: str, trained_dir: Path, cfg, dedup_of: str | None, 
     }
 
 
-def _run_config(text: str):
-    from omegaconf import OmegaConf
+def _run_config(path: Path) -> Any:
+    """The config an Optuna trial's run directory holds (its cell was sampled, never stored in the plan)."""
+    from trainer.presets import merge_config, yaml_layer
 
-    from trainer.presets import merge_config
-
-    return merge_config([OmegaConf.create(text)], where="plan.json cell")
+    return merge_config([yaml_layer(path, "the trial's config.yaml is damaged; delete its directory")], where=str(path))
 
 
-def cell_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
+def cell_rows(plan: Plan) -> list[dict[str, Any]]:
     """One dict per planned cell with its status and final metrics (a deduplicated cell takes its representative's)."""
     from omegaconf import OmegaConf
 
-    root = Path(payload["root"])
-    cells = payload["cells"]
-    rows = [_row(payload["name"], cell_id, root / "cells" / (cell["dedup_of"] or cell_id),
-                 _run_config(cell["config"]), cell["dedup_of"], cell["config_hash"], cell["values"],
-                 cells.get(cell["dedup_of"] or cell_id, {}).get("config_hash"))
-            for cell_id, cell in cells.items()]
-    for cell_dir in sorted((root / "cells").glob("t-*")):  # Optuna trials, named by their sampled values
+    hashes = {c.cell_id: c.config_hash for c in plan.cells}
+    rows = [_row(plan.spec.name, c.cell_id, plan.root / "cells" / (c.dedup_of or c.cell_id), c.config, c.dedup_of,
+                 c.config_hash, c.values, hashes.get(c.dedup_of or c.cell_id))
+            for c in plan.cells if plan.spec.search.kind == "grid"]
+    for cell_dir in sorted((plan.root / "cells").glob("t-*")):  # Optuna trials, named by their sampled values
         if (cell_dir / "config.yaml").is_file():
-            cfg = _run_config((cell_dir / "config.yaml").read_text())
-            values = {k: OmegaConf.select(OmegaConf.structured(cfg), k) for k in payload["space"]}
-            rows.append(_row(payload["name"], cell_dir.name, cell_dir, cfg, None, None, values))
+            cfg = _run_config(cell_dir / "config.yaml")
+            values = {k: OmegaConf.select(OmegaConf.structured(cfg), k) for k in plan.spec.search.space}
+            rows.append(_row(plan.spec.name, cell_dir.name, cell_dir, cfg, None, None, values))
     return rows
 
 
-def _metric_columns(payload: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+def _metric_columns(plan: Plan, rows: list[dict[str, Any]]) -> list[str]:
     """Every metric any cell planned or produced: the planned ones in the trainer's order, then the rest."""
     planned: list[str] = list(BASE_METRICS)
-    for cell in payload["cells"].values():
-        planned += [m for m in metric_names(_run_config(cell["config"])) if m not in planned]
+    for cell in plan.cells if plan.spec.search.kind == "grid" else []:
+        planned += [m for m in metric_names(cell.config) if m not in planned]
     fixed = {"sweep", "cell_id", "trained_cell", "dedup_of", "status", "error", "config_hash", *IDENTITY_COLUMNS,
              "seed", "steps", "run_dir"}
-    seen = [k for r in rows for k in r if k not in fixed and k not in payload.get("axes", [])]
+    seen = [k for r in rows for k in r if k not in fixed and k not in plan.axes]
     extra = sorted({k for k in seen if k not in planned and isinstance(next(r[k] for r in rows if k in r), float)})
     return [m for m in planned if m != "lr"] + extra
 
 
-def write_results(payload: dict[str, Any], path: Path | None = None) -> Path:
+def write_results(plan: Plan, path: Path | None = None) -> Path:
     """Write results.parquet into the sweep directory (or path) and return it.
 
     The schema metadata records the sweep's axes (`hdrope.axes`) and which of them are seeds
     (`hdrope.seed_axes`), so the report groups cells by every other axis without parsing labels."""
-    path = path or Path(payload["root"]) / "results.parquet"
-    rows = cell_rows(payload)
-    metrics = _metric_columns(payload, rows)
+    path = path or plan.root / "results.parquet"
+    rows = cell_rows(plan)
+    metrics = _metric_columns(plan, rows)
     identity_types = {str: pa.string(), int: pa.int64(), float: pa.float64()}
     fields = [("sweep", pa.string()), ("cell_id", pa.string()), ("trained_cell", pa.string()),
               ("dedup_of", pa.string()), ("status", pa.string()), ("error", pa.string()),
               ("config_hash", pa.string()), *((k, identity_types[t]) for k, t in IDENTITY_COLUMNS.items()),
               ("seed", pa.int64()), ("steps", pa.int64()), ("run_dir", pa.string())]
-    axes = [k for k in payload.get("axes", []) if k not in dict(fields)]
+    axes = [k for k in plan.axes if k not in dict(fields)]
     fields += [(k, pa.string()) for k in axes] + [(m, pa.float64()) for m in metrics]
-    schema = pa.schema(fields, metadata={"hdrope.axes": json.dumps(payload.get("axes", [])),
-                                         "hdrope.seed_axes": json.dumps(payload.get("seed_axes", []))})
+    schema = pa.schema(fields, metadata={"hdrope.axes": json.dumps(plan.axes),
+                                         "hdrope.seed_axes": json.dumps(plan.seed_axes)})
     table = pa.Table.from_pylist([{name: r.get(name) for name in schema.names} for r in rows], schema=schema)
     tmp = path.with_name(f".{path.name}.tmp")
     pq.write_table(table, tmp)

@@ -11,20 +11,18 @@ Layout of a sweep directory (storage/name):
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from hdrope.errors import UserError
 from sweeps.plan import Plan, local_gpus, make_plan
+from sweeps.plan_file import find_plan, save_plan
 from sweeps.procs import exit_on_signals, loopback_ray, signal_exit_codes, signals_held, start_watchdog
 from sweeps.results import cell_rows, write_results
-from sweeps.spec import SweepSpec, check_name, load_spec
+from sweeps.spec import SweepSpec, load_spec
 from sweeps.tracking import (
     ServerWatch,
     SweepTracker,
@@ -35,12 +33,13 @@ from sweeps.tracking import (
     runs_page,
     share_runs_view,
 )
-from sweeps.trainable import plan_payload, read_payload, run_trial
+from sweeps.trainable import run_trial
 from trainer.files.dir_lock import hold_dir_lock
 from trainer.files.run_files import METRICS_FILE, read_metrics, write_json_atomic
+from trainer.presets import config_yaml
 from trainer.run.reporting import check_tracking_uri, quiet_mlflow_links
 
-__all__ = ["find_sweep", "prepare", "resume_sweep", "run_sweep", "write_plan"]
+__all__ = ["prepare", "resume_sweep", "run_sweep"]
 
 RECONCILE_WAIT_S = 600.0  # how long the end of a sweep waits for a tracking server that does not answer
 
@@ -49,43 +48,6 @@ def prepare(spec_path: str, overrides: list[str] | None = None) -> Plan:
     """Load and validate a spec into a plan (raises SpecError, exit code 2, before any Ray)."""
     spec = load_spec(spec_path, overrides)
     return make_plan(spec, source=str(spec_path))
-
-
-def write_plan(plan: Plan) -> dict[str, Any]:
-    """Write spec.yaml and plan.json into the plan's sweep directory (refusing a different plan under the same name).
-
-    A plan stored by an older version whose cells have the same configs in the same order under other ids (cell
-    ids of mapping axes were Python reprs) keeps its stored ids, so its cell directories stay in use."""
-    payload = plan_payload(plan)
-    plan.root.mkdir(parents=True, exist_ok=True)
-    plan_file = plan.root / "plan.json"
-    if plan_file.is_file():
-        old = read_payload(plan.root)
-        hashes = {k: v["config_hash"] for k, v in payload["cells"].items()}
-        old_hashes = {k: v["config_hash"] for k, v in old["cells"].items()}
-        if old_hashes != hashes and list(old_hashes.values()) == list(hashes.values()):
-            payload["cells"] = old["cells"]
-        elif old_hashes != hashes:
-            raise UserError(
-                f"sweep {plan.spec.name!r} already exists at {plan.root} with a different plan; "
-                "give the new sweep another name, or finish the old one with `hdrope sweep resume`"
-            )
-    (plan.root / "spec.yaml").write_text(payload["spec"])
-    tmp = plan.root / ".plan.json.tmp"
-    tmp.write_text(json.dumps(payload, indent=1, default=str))
-    tmp.replace(plan_file)
-    return payload
-
-
-def find_sweep(name: str, storage: str = "runs/sweeps") -> dict[str, Any]:
-    """The stored plan of sweep `name` (a name under storage, or a sweep directory path), paths rebased on it."""
-    path = Path(name)
-    if not (path / "plan.json").is_file():
-        check_name(name, "sweep name")
-        path = Path(storage) / name
-    if not (path / "plan.json").is_file():
-        raise UserError(f"no sweep {name!r} under {storage!r} (no plan.json); pass --storage or the sweep directory")
-    return read_payload(path)
 
 
 def _init_ray(address: str | None, spec: SweepSpec) -> bool:
@@ -123,19 +85,19 @@ def _init_ray(address: str | None, spec: SweepSpec) -> bool:
     return True
 
 
-def _tuner(payload: dict[str, Any], spec: SweepSpec, uri: str, restore: bool):
+def _tuner(plan: Plan, uri: str, restore: bool):
     from ray import tune
     from ray.tune.logger import JsonLoggerCallback
 
     from sweeps.callback import TrackingCallback, trial_name
     from sweeps.progress import ProgressCallback
 
-    root = Path(payload["root"])
+    root, spec = plan.root, plan.spec
     # A trial of W > 1 workers only drives its Ray Train run, whose workers hold the CPUs and GPUs: the trial asks
     # for one byte of memory, the least Tune accepts (a request may not be empty), so W workers fit W CPUs.
     r = spec.resources
     request = {"cpu": r.cpus, "gpu": r.gpus} if r.workers == 1 else {"cpu": 0, "gpu": 0, "memory": 1}
-    trainable = tune.with_resources(tune.with_parameters(run_trial, payload=payload), request)
+    trainable = tune.with_resources(tune.with_parameters(run_trial, plan=plan), request)
     exp_dir = root / "ray" / "tune"
     if restore and tune.Tuner.can_restore(str(exp_dir)):
         return tune.Tuner.restore(str(exp_dir), trainable, resume_errored=True)
@@ -144,7 +106,7 @@ def _tuner(payload: dict[str, Any], spec: SweepSpec, uri: str, restore: bool):
     if spec.scheduler == "asha":
         from ray.tune.schedulers import ASHAScheduler
 
-        steps = max(OmegaConf.create(c["config"]).train.steps for c in payload["cells"].values())
+        steps = max(c.config.train.steps for c in plan.cells)
         scheduler = ASHAScheduler(time_attr="step", metric=s.metric, mode=s.mode, max_t=steps,
                                   grace_period=max(1, steps // 8))
     search_alg, num_samples = None, 1
@@ -152,8 +114,7 @@ def _tuner(payload: dict[str, Any], spec: SweepSpec, uri: str, restore: bool):
         param_space, search_alg = _optuna(spec, root)
         num_samples = s.n_trials
     else:
-        to_run = [cid for cid, c in payload["cells"].items() if c["dedup_of"] is None]
-        param_space = {"cell": tune.grid_search(to_run)}
+        param_space = {"cell": tune.grid_search([c.cell_id for c in plan.to_run])}
     return tune.Tuner(
         trainable,
         param_space=param_space,
@@ -162,13 +123,13 @@ def _tuner(payload: dict[str, Any], spec: SweepSpec, uri: str, restore: bool):
                                     # a warm worker (torch imported, data cached) per slot; a Train run's trial is
                                     # never reused: a stopped trial's actor dies, and its Train run with it
                                     reuse_actors=r.workers == 1,
-                                    trial_name_creator=functools.partial(trial_name, payload=payload)),
+                                    trial_name_creator=functools.partial(trial_name, plan=plan)),
         run_config=tune.RunConfig(
             name="tune",
             storage_path=str(root / "ray"),
             failure_config=tune.FailureConfig(max_failures=spec.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-            callbacks=[TrackingCallback(uri, payload), ProgressCallback(), JsonLoggerCallback()],
+            callbacks=[TrackingCallback(uri, plan), ProgressCallback(), JsonLoggerCallback()],
             verbose=0,  # ProgressCallback prints one line per trial event instead of Tune's tables
         ),
     )
@@ -212,40 +173,39 @@ def _optuna(spec: SweepSpec, root: Path) -> tuple[dict[str, Any], Any]:
     return space, searcher
 
 
-def _dedup_cell_dir(payload: dict[str, Any], row: dict[str, Any]) -> Path:
+def _dedup_cell_dir(plan: Plan, row: dict[str, Any]) -> Path:
     """A deduplicated cell's own directory: its config.yaml and dedup.json naming the cell that trained for it."""
-    cell = payload["cells"][row["cell_id"]]
-    cell_dir = Path(payload["root"]) / "cells" / row["cell_id"]
+    cell = plan.cell(row["cell_id"])
+    cell_dir = plan.root / "cells" / cell.cell_id
     cell_dir.mkdir(parents=True, exist_ok=True)
-    (cell_dir / "config.yaml").write_text(cell["config"])
+    (cell_dir / "config.yaml").write_text(config_yaml(cell.config))
     write_json_atomic(cell_dir / "dedup.json", {"dedup_of": row["dedup_of"], "trained_dir": row["run_dir"],
-                                                "config_hash": cell["config_hash"], "group": cell["group"]})
+                                                "config_hash": cell.config_hash, "group": cell.group})
     return cell_dir
 
 
-def _reconcile(payload: dict[str, Any], uri: str) -> tuple[int, list[str]]:
+def _reconcile(plan: Plan, uri: str) -> tuple[int, list[str]]:
     """Final MLflow state: every finished cell's metrics as in its metrics.jsonl, failed cells FAILED with their
     error, dedup cells the history of the cell that trained for them (with their own config).
 
     Returns (cells finished, failed cell ids)."""
     from sweeps.callback import TrackingCallback, cell_end_ms
 
-    cb = TrackingCallback(uri, payload)
+    cb = TrackingCallback(uri, plan)
     tracker = cb.tracker
     failed, finished = [], 0
-    for row in cell_rows(payload):
+    for row in cell_rows(plan):
         if row["cell_id"].startswith("t-") and row["status"] == "PENDING":
             continue
-        run_id = cb.run_for({"cell": row["cell_id"]} if row["cell_id"] in payload["cells"] else
-                            {k: OmegaConf.select(OmegaConf.load(Path(row["run_dir"]) / "config.yaml"), k)
-                             for k in payload["space"]})[1]
+        run_id = cb.run_for({"cell": row["cell_id"]} if not row["cell_id"].startswith("t-") else
+                            {k: row[k] for k in plan.spec.search.space})[1]
         if row["status"] == "FINISHED":
             # MLflow ends up holding exactly the trained run's metrics.jsonl, final evaluation included
             tracker.log_history(run_id, read_metrics(Path(row["run_dir"]) / METRICS_FILE))
             if row["dedup_of"]:
                 tracker.client.set_tag(run_id, "dedup_of", row["dedup_of"])
             # a trained cell's artifacts too: the live callback skipped them if its server was down then
-            tracker.log_artifacts(run_id, _dedup_cell_dir(payload, row) if row["dedup_of"] else Path(row["run_dir"]))
+            tracker.log_artifacts(run_id, _dedup_cell_dir(plan, row) if row["dedup_of"] else Path(row["run_dir"]))
             # a run ends when its cell ended (a dedup copy, made here, when it is made), not when the sweep does
             end = None if row["dedup_of"] else cell_end_ms(Path(row["run_dir"]))
             tracker.set_status(run_id, "FINISHED", end_ms=end)
@@ -260,14 +220,14 @@ def _reconcile(payload: dict[str, Any], uri: str) -> tuple[int, list[str]]:
     return finished, failed
 
 
-def _reconcile_when_up(payload: dict[str, Any], uri: str) -> tuple[int, list[str]]:
+def _reconcile_when_up(plan: Plan, uri: str) -> tuple[int, list[str]]:
     """`_reconcile`, waiting up to RECONCILE_WAIT_S in all for a tracking server that does not answer."""
     from mlflow.exceptions import MlflowException
 
     watch, deadline = ServerWatch(uri), time.monotonic() + RECONCILE_WAIT_S
     while True:
         try:
-            return _reconcile(payload, uri)
+            return _reconcile(plan, uri)
         except MlflowException as err:
             if not is_outage(err):
                 raise
@@ -275,24 +235,25 @@ def _reconcile_when_up(payload: dict[str, Any], uri: str) -> tuple[int, list[str
             watch.went_down(err, f"waiting up to {RECONCILE_WAIT_S:.0f} s to log what MLflow lacks")
             if time.monotonic() >= deadline or not watch.wait(deadline - time.monotonic()):
                 raise UserError(f"tracking_uri {uri}: the MLflow server did not answer for {RECONCILE_WAIT_S:.0f} s "
-                                f"at the end of sweep {payload['name']!r}, so MLflow lacks some of its metrics; every "
-                                f"cell's results are in {Path(payload['root']) / 'results.parquet'}; once the server "
-                                f"answers, `hdrope sweep resume {payload['root']}` logs what MLflow lacks") from None
+                                f"at the end of sweep {plan.spec.name!r}, so MLflow lacks some of its metrics; every "
+                                f"cell's results are in {plan.root / 'results.parquet'}; once the server "
+                                f"answers, `hdrope sweep resume {plan.root}` logs what MLflow lacks") from None
 
 
-def _execute(payload: dict[str, Any], spec: SweepSpec, address: str | None, uri: str, restore: bool) -> int:
+def _execute(plan: Plan, address: str | None, uri: str, restore: bool) -> int:
     from mlflow.exceptions import MlflowException
 
     from sweeps.progress import quiet_logs
 
+    spec = plan.spec
     quiet_logs()
     quiet_mlflow_links()  # MLflow's per-run links open the GenAI view; the summary links the runs page instead
     try:
-        tracker = SweepTracker(uri, spec.name, Path(payload["root"]) / "artifacts")
+        tracker = SweepTracker(uri, spec.name, plan.root / "artifacts")
         tracker.describe(spec.description, {"sweep": spec.name, "git_commit": git_commit(), "base": spec.base,
-                                            "axes": ", ".join(payload.get("axes", []))})
+                                            "axes": ", ".join(plan.axes)})
         share_runs_view(tracker.client, tracker.experiment_id, spec.search.metric, spec.search.mode == "min")
-        tracker.parent_run({"spec": payload["spec"][:6000], "cells": len(payload["cells"])})
+        tracker.parent_run({"spec": (plan.root / "spec.yaml").read_text()[:6000], "cells": len(plan.cells)})
     except MlflowException as err:
         if not is_outage(err):
             raise
@@ -301,7 +262,7 @@ def _execute(payload: dict[str, Any], spec: SweepSpec, address: str | None, uri:
     with signal_exit_codes():  # a stop signal ends the driver with 128 + signal wherever it lands
         started = _init_ray(address, spec)
         try:
-            return _fit_and_reconcile(payload, spec, uri, restore)
+            return _fit_and_reconcile(plan, uri, restore)
         finally:
             if started:  # what the lab starts, it stops
                 import ray
@@ -309,27 +270,28 @@ def _execute(payload: dict[str, Any], spec: SweepSpec, address: str | None, uri:
                 ray.shutdown()
 
 
-def _fit_and_reconcile(payload: dict[str, Any], spec: SweepSpec, uri: str, restore: bool) -> int:
-    tuner = _tuner(payload, spec, uri, restore)
+def _fit_and_reconcile(plan: Plan, uri: str, restore: bool) -> int:
+    tuner = _tuner(plan, uri, restore)
     # Every path is absolute; work from the sweep dir so a job's shipped working dir may be cleaned up under us.
     try:
         old_cwd: str | None = os.getcwd()
     except FileNotFoundError:
         old_cwd = None
-    os.chdir(payload["root"])
+    os.chdir(plan.root)
     started = time.monotonic()
     try:
         tuner.fit()
     finally:
         if old_cwd and os.path.isdir(old_cwd):
             os.chdir(old_cwd)
-    path = write_results(payload)  # first: a tracking server that is down does not hold the results back
-    finished, failed = _reconcile_when_up(payload, uri)
+    path = write_results(plan)  # first: a tracking server that is down does not hold the results back
+    finished, failed = _reconcile_when_up(plan, uri)
     if uri.startswith(("http://", "https://")):
-        where = runs_page(uri, SweepTracker(uri, spec.name).experiment_id)
+        where = runs_page(uri, SweepTracker(uri, plan.spec.name).experiment_id)
     else:
-        where = f"hdrope ui {payload['root']}"
-    print(f"sweep {spec.name}: {finished} cells finished, {len(failed)} failed in {time.monotonic() - started:.0f} s; "
+        where = f"hdrope ui {plan.root}"
+    took = time.monotonic() - started
+    print(f"sweep {plan.spec.name}: {finished} cells finished, {len(failed)} failed in {took:.0f} s; "
           f"results {path}; MLflow: {where}", file=sys.stderr)
     return 1 if failed else 0
 
@@ -353,22 +315,20 @@ def run_sweep(spec_path: str, overrides: list[str] | None = None, address: str |
                         "on a cluster that fits a trial, or lower resources.workers, cpus, gpus or gpus_per_worker")
     uri = _uri(plan.spec, plan.root, tracking_uri)
     with hold_dir_lock(plan.root, "hdrope sweep run"):  # one driver per sweep directory
-        payload = write_plan(plan)
+        plan = save_plan(plan)
         restore = (plan.root / "ray" / "tune").is_dir()
         if not restore:
             from sweeps.estimate import estimate_text
 
             print(estimate_text(plan), file=sys.stderr, flush=True)
-        return _execute(payload, plan.spec, address, uri, restore)
+        return _execute(plan, address, uri, restore)
 
 
 def resume_sweep(name: str, storage: str = "runs/sweeps", address: str | None = None,
                  tracking_uri: str | None = None) -> int:
     """Finish a sweep whose driver died: restore Tune's state, resume errored and unfinished trials."""
     exit_on_signals()
-    payload = find_sweep(name, storage)
-    spec = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SweepSpec), OmegaConf.create(payload["spec"])))
-    root = Path(payload["root"])
-    uri = _uri(spec, root, tracking_uri)
-    with hold_dir_lock(root, "hdrope sweep resume"):  # never beside the sweep's running driver
-        return _execute(payload, spec, address, uri, restore=True)
+    plan = find_plan(name, storage)
+    uri = _uri(plan.spec, plan.root, tracking_uri)
+    with hold_dir_lock(plan.root, "hdrope sweep resume"):  # never beside the sweep's running driver
+        return _execute(plan, address, uri, restore=True)

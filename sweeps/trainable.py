@@ -1,7 +1,7 @@
 """The Ray Tune function trainable: one trial trains one cell through `trainer.train`.
 
-The plan travels to workers through `tune.with_parameters`, so a worker never re-resolves a grid
-cell: it trains exactly the config that was validated before the sweep started. Metrics and
+The typed plan travels to workers through `tune.with_parameters`, so a worker never re-resolves a grid
+cell: it trains exactly the `Cell` (and its `RunConfig`) that was validated before the sweep started. Metrics and
 checkpoints reach Tune through `TuneReporter`, each result holding only the metrics computed at its
 step (listed under `reported`). Tune's checkpoint of a trial is a pointer to the trainer's own checkpoint
 (one copy on disk); a retried trial resumes from it.
@@ -14,7 +14,6 @@ as a one-process trial would.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import tempfile
 import threading
@@ -22,87 +21,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
-from hdrope.errors import UserError
-from sweeps.plan import cell_config, metric_driven, seed_axes
-from sweeps.spec import Resources, SweepSpec, check_name
+from sweeps.plan import Cell, Plan
 from trainer.config import RunConfig
 from trainer.files.run_files import read_result
-from trainer.presets import merge_config, refuse_interpolations
 from trainer.run.reporting import Reporter
 
-__all__ = ["REPORTED", "TuneReporter", "WorkerReporter", "plan_payload", "read_payload", "reported_metrics",
-           "resolve_cell", "run_trial", "train_worker", "trial_resources", "tune_result"]
-
-
-def plan_payload(plan) -> dict[str, Any]:
-    """What workers and the driver callback need of a plan (plain data, picklable)."""
-    return {
-        "name": plan.spec.name,
-        "root": str(plan.root),
-        "spec": OmegaConf.to_yaml(OmegaConf.structured(plan.spec)),
-        "space": list(plan.spec.search.space),
-        "axes": list(plan.spec.axes) or list(plan.spec.search.space),
-        "seed_axes": seed_axes(list(plan.spec.axes) or list(plan.spec.search.space)),
-        "required_metric": plan.spec.search.metric if metric_driven(plan.spec) else None,
-        "cells": {c.cell_id: {"config": OmegaConf.to_yaml(OmegaConf.structured(c.config)), "values": c.values,
-                              "config_hash": c.config_hash, "group": c.group, "dedup_of": c.dedup_of}
-                  for c in plan.cells if plan.spec.search.kind == "grid"},  # optuna trials are named as sampled
-    }
-
-
-def _yaml(text: Any, where: str, fix: str) -> DictConfig:
-    """A YAML mapping stored in a plan; UserError when it is not one."""
-    try:
-        node = OmegaConf.create(text) if isinstance(text, str) else None
-    except Exception as err:  # yaml and OmegaConf raise many types for a damaged document
-        raise UserError(f"{where}: not a valid YAML mapping ({type(err).__name__}); {fix}") from None
-    if not isinstance(node, DictConfig):
-        raise UserError(f"{where}: not a YAML mapping; {fix}")
-    return node
-
-
-def read_payload(sweep_dir: Path) -> dict[str, Any]:
-    """The plan stored in sweep_dir/plan.json, with every path taken from where sweep_dir is now.
-
-    The stored `root` and cell `train.out_dir`s are never trusted: a copied or moved sweep writes
-    into itself, and an edited plan cannot write outside it. Corrupt or tampered plans are UserErrors."""
-    sweep_dir = Path(sweep_dir).resolve()
-    path = sweep_dir / "plan.json"
-    fix = "restore it from a copy, or run the spec again under a new name"
-    try:
-        payload = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserError(f"{path}: unreadable ({type(err).__name__}: truncated or not JSON); {fix}") from None
-    if not isinstance(payload, dict) or not isinstance(payload.get("cells"), dict) or "spec" not in payload:
-        raise UserError(f"{path}: not a plan written by `hdrope sweep` (no cells/spec); {fix}")
-    check_name(payload.get("name"), f"{path}: name")
-    refuse_interpolations(_yaml(payload["spec"], f"{path}: spec", fix), f"{path}: spec")
-    payload["root"] = str(sweep_dir)
-    for cell_id, cell in payload["cells"].items():
-        check_name(cell_id, f"{path}: cell id")
-        cfg = _yaml(cell.get("config", ""), f"{path}: cell {cell_id}", fix)
-        refuse_interpolations(cfg, f"{path}: cell {cell_id}")
-        cfg.train.out_dir = str(sweep_dir / "cells" / cell_id)
-        cell["config"] = OmegaConf.to_yaml(cfg)
-    first = next(iter(payload["cells"].values()), {"values": {}})
-    payload.setdefault("axes", list(first["values"]) or list(payload.get("space", [])))
-    payload.setdefault("seed_axes", seed_axes(payload["axes"]))
-    return payload
-
-
-def resolve_cell(payload: dict[str, Any], trial_config: dict[str, Any]) -> tuple[str, RunConfig, dict[str, Any]]:
-    """(cell_id, RunConfig, values) of a trial: a planned grid cell, or an Optuna sample named by its hash."""
-    if "cell" in trial_config:
-        cell = payload["cells"][trial_config["cell"]]
-        cfg = merge_config([OmegaConf.create(cell["config"])], where=f"cell {trial_config['cell']}")
-        return trial_config["cell"], cfg, cell["values"]
-    values = {k: trial_config[k] for k in payload["space"]}
-    digest = hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    cell_id = f"t-{digest}"
-    spec_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SweepSpec), OmegaConf.create(payload["spec"])))
-    return cell_id, cell_config(spec_cfg, values, cell_id, Path(payload["root"]) / "cells" / cell_id), values
+__all__ = ["REPORTED", "TuneReporter", "WorkerReporter", "reported_metrics", "run_trial", "train_worker",
+           "tune_result"]
 
 
 POINTER = "hdrope_checkpoint.json"  # Tune's checkpoint of a trial: the path of the trainer's own checkpoint
@@ -189,12 +114,6 @@ class WorkerReporter(TuneReporter):
         self.queue.put((result, pointer))
 
 
-def trial_resources(payload: dict[str, Any]) -> Resources:
-    """The spec's `resources` of a stored plan (defaults for keys a plan of an older version lacks)."""
-    node = OmegaConf.create(payload["spec"]).get("resources") or {}
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Resources), node))
-
-
 def train_worker(loop_config: dict[str, Any]) -> None:
     """Ray Train's function per worker: train the cell's config in the process group Ray Train set up."""
     import ray.train
@@ -203,7 +122,7 @@ def train_worker(loop_config: dict[str, Any]) -> None:
     from trainer.run.loop import train
 
     quiet_logs()
-    cfg = merge_config([OmegaConf.create(loop_config["config"])], where=f"cell {loop_config['cell_id']}")
+    cfg = loop_config["config"]
     reporter = None
     if ray.train.get_context().get_world_rank() == 0:
         reporter = WorkerReporter(loop_config["cell_id"], loop_config["required_metric"], loop_config["queue"],
@@ -211,7 +130,7 @@ def train_worker(loop_config: dict[str, Any]) -> None:
     train(cfg, reporter, strategy=loop_config["strategy"])
 
 
-def _train_workers(cell_id: str, cfg: RunConfig, payload: dict[str, Any], resources: Resources) -> None:
+def _train_workers(cell: Cell, plan: Plan) -> None:
     """Train the cell as a Ray Train run of `resources.workers` data-parallel workers driven from this Tune trial;
     rank 0's results and checkpoint pointers reach Tune through a queue."""
     import ray.train
@@ -219,14 +138,15 @@ def _train_workers(cell_id: str, cfg: RunConfig, payload: dict[str, Any], resour
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.util.queue import Empty, Queue
 
-    tuned = TuneReporter(cell_id, payload.get("required_metric"))
+    cell_id, resources = cell.cell_id, plan.spec.resources
+    tuned = TuneReporter(cell_id, plan.required_metric)
     restore = tuned.restore_path()
     queue = Queue(actor_options={"num_cpus": 0})
     use_gpu = resources.gpus_per_worker > 0
     trainer = TorchTrainer(
         train_worker,
-        train_loop_config={"config": OmegaConf.to_yaml(OmegaConf.structured(cfg)), "cell_id": cell_id,
-                           "required_metric": payload.get("required_metric"), "queue": queue,
+        train_loop_config={"config": cell.config, "cell_id": cell_id, "required_metric": plan.required_metric,
+                           "queue": queue,
                            "restore": str(restore) if restore else None, "strategy": resources.strategy},
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ray.train.ScalingConfig(
@@ -234,7 +154,7 @@ def _train_workers(cell_id: str, cfg: RunConfig, payload: dict[str, Any], resour
             resources_per_worker={"CPU": resources.cpus, **({"GPU": resources.gpus_per_worker} if use_gpu else {})}),
         run_config=ray.train.RunConfig(  # a fresh Train run per attempt: resuming is the trainer's own checkpoint's
             name=f"{cell_id}-{tune.get_context().get_trial_id()}-{time.time_ns()}",
-            storage_path=str(Path(payload["root"]) / "ray" / "train"),
+            storage_path=str(plan.root / "ray" / "train"),
             failure_config=ray.train.FailureConfig(max_failures=0),  # Tune's max_failures retries the trial
             logging_config=ray.train.LoggingConfig(log_level="WARNING")),  # progress lines come from Tune
     )
@@ -267,7 +187,7 @@ def finished_result(cfg: RunConfig) -> dict[str, Any] | None:
     return result if result is not None and result.get("step", 0) >= cfg.train.steps else None
 
 
-def run_trial(config: dict[str, Any], payload: dict[str, Any]) -> None:
+def run_trial(config: dict[str, Any], plan: Plan) -> None:
     """Tune entry point: train the trial's cell (never twice: a finished cell only re-reports its result)."""
     from ray import tune
 
@@ -275,19 +195,19 @@ def run_trial(config: dict[str, Any], payload: dict[str, Any]) -> None:
     from trainer.run.loop import train
 
     quiet_logs()
-    cell_id, cfg, _ = resolve_cell(payload, config)
+    cell = plan.trial_cell(config)
+    cell_id, cfg = cell.cell_id, cell.config
     done = finished_result(cfg)
     if done is not None:
         metrics = {k: v for k, v in done["metrics"].items() if v is not None}
         tune.report(tune_result(cell_id, done["step"], metrics, steps=done["step"], reused=1))
         return
     error_file = Path(cfg.train.out_dir) / "error.txt"
-    resources = trial_resources(payload)
     try:
-        if resources.workers > 1:
-            _train_workers(cell_id, cfg, payload, resources)
+        if plan.spec.resources.workers > 1:
+            _train_workers(cell, plan)
         else:
-            train(cfg, TuneReporter(cell_id, payload.get("required_metric")))
+            train(cfg, TuneReporter(cell_id, plan.required_metric))
     except Exception as err:
         error_file.parent.mkdir(parents=True, exist_ok=True)
         error_file.write_text(f"{type(err).__name__}: {err}\n")

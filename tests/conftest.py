@@ -63,21 +63,18 @@ axes:
 def train_sweep_in_process(spec_path):
     """Plan a sweep spec, train every cell that trains in this process (no Ray), write plan.json and
     results.parquet as a finished sweep has them; returns the plan."""
-    import json
-
     from sweeps.plan import make_plan
+    from sweeps.plan_file import save_plan
     from sweeps.results import write_results
     from sweeps.spec import load_spec
-    from sweeps.trainable import plan_payload
     from trainer.run.loop import train
 
     plan = make_plan(load_spec(spec_path))
-    payload = plan_payload(plan)
-    plan.root.mkdir(parents=True)
-    (plan.root / "plan.json").write_text(json.dumps(payload, default=str))
+    assert not plan.root.exists()
+    plan = save_plan(plan)
     for cell in plan.to_run:
         train(cell.config)
-    write_results(payload)
+    write_results(plan)
     return plan
 
 

@@ -47,7 +47,7 @@ CASES = [
      "is an OmegaConf interpolation"),
     ("plan-bad-yaml", _edit_plan(lambda p: p.update(spec="a: [1\nb: 2")), ["sweep", "status", "{sweep}"], 2,
      "not a valid YAML mapping"),
-    ("report-truncated-plan", lambda s: _truncate(s / "plan.json"), ["report", "{sweep}"], 2, "not valid JSON"),
+    ("report-truncated-plan", lambda s: _truncate(s / "plan.json"), ["report", "{sweep}"], 2, "plan.json: unreadable"),
     ("foreign-results", lambda s: pq.write_table(pa.table({"x": [1, 2]}), s / "results.parquet"),
      ["report", "{sweep}"], 2, "not a results table of this version"),
     ("zero-row-results",

@@ -119,14 +119,14 @@ def test_bad_flags_exit_2_naming_the_flag(trained_tiny, task_dir, tmp_path, extr
 def test_results_table_carries_lm_eval_columns(tiny_sweep):
     import pyarrow.parquet as pq
 
+    from sweeps.plan_file import load_plan
     from sweeps.results import write_results
-    from sweeps.trainable import read_payload
 
-    payload = read_payload(tiny_sweep)
-    cell = next(c for c, v in payload["cells"].items() if v["dedup_of"] is None)
+    plan = load_plan(tiny_sweep)
+    cell = plan.to_run[0].cell_id
     (tiny_sweep / "cells" / cell / "lm_eval.json").write_text(json.dumps({"metrics": {"lm_lab_toy_acc": 0.5}}))
     try:
-        rows = {r["cell_id"]: r for r in pq.read_table(write_results(payload, tiny_sweep / "r.parquet")).to_pylist()}
+        rows = {r["cell_id"]: r for r in pq.read_table(write_results(plan, tiny_sweep / "r.parquet")).to_pylist()}
     finally:
         (tiny_sweep / "cells" / cell / "lm_eval.json").unlink()
     assert rows[cell]["lm_lab_toy_acc"] == 0.5

@@ -53,13 +53,14 @@ def _stop(proc) -> list:
 @pytest.fixture
 def sweep_store(tmp_path):
     """A planned sweep with its MLflow experiment and parent run (what a sweep's driver writes before Ray)."""
-    from sweeps.runner import prepare, write_plan
+    from sweeps.plan_file import save_plan
+    from sweeps.runner import prepare
     from sweeps.tracking import SweepTracker
 
     spec = tmp_path / "uisweep.yaml"
     spec.write_text(SPEC.format(storage=tmp_path / "store"))
     plan = prepare(str(spec))
-    write_plan(plan)
+    save_plan(plan)
     SweepTracker(f"sqlite:///{plan.root / 'mlflow.db'}", "uisweep").parent_run()
     return tmp_path / "store"
 

@@ -25,13 +25,14 @@ def _hdrope(*args, cwd):
 
 
 def test_a_second_driver_of_a_sweep_is_refused_naming_the_holder(tmp_path):
-    from sweeps.runner import prepare, write_plan
+    from sweeps.plan_file import save_plan
+    from sweeps.runner import prepare
     from trainer.files.dir_lock import hold_dir_lock
 
     spec = tmp_path / "locked.yaml"
     spec.write_text(SPEC.format(storage=tmp_path / "store"))
     plan = prepare(str(spec))
-    write_plan(plan)
+    save_plan(plan)
     with hold_dir_lock(plan.root, "hdrope sweep run"):  # this test process plays the running driver
         run = _hdrope("sweep", "run", str(spec), cwd=tmp_path)
         resume = _hdrope("sweep", "resume", "locked", "--storage", str(tmp_path / "store"), cwd=tmp_path)
@@ -45,16 +46,17 @@ def test_a_second_driver_of_a_sweep_is_refused_naming_the_holder(tmp_path):
 def test_each_cells_mlflow_run_ends_when_the_cell_ended_not_when_the_sweep_did(tiny_sweep, tmp_path):
     import mlflow
 
-    from sweeps.runner import _reconcile, find_sweep
+    from sweeps.plan_file import load_plan
+    from sweeps.runner import _reconcile
 
     sweep = tmp_path / "tinysweep"
     shutil.copytree(tiny_sweep, sweep, ignore=shutil.ignore_patterns("report", "mlflow.db"))  # keeps mtimes
-    payload = find_sweep(str(sweep))
+    plan = load_plan(sweep)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    finished, failed = _reconcile(payload, uri)
-    assert finished == len(payload["cells"]) and not failed
+    finished, failed = _reconcile(plan, uri)
+    assert finished == len(plan.cells) and not failed
     client = mlflow.MlflowClient(uri)
-    exp = client.get_experiment_by_name(payload["name"])
+    exp = client.get_experiment_by_name(plan.spec.name)
     runs = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("role") == "cell"]
     trained = [r for r in runs if "dedup_of" not in r.data.tags]
     assert len(trained) == 6

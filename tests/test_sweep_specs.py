@@ -249,16 +249,16 @@ def test_a_mapping_axis_value_has_one_short_label_in_cell_ids_run_names_and_the_
 
     from analysis.variants import value_text
     from sweeps.callback import trial_name
+    from sweeps.plan_file import save_plan
     from sweeps.results import cell_rows
-    from sweeps.runner import write_plan
     from trainer.config import config_hash
 
     plan = prepare(str(write(tmp_path, MAPPING_AXIS)))
     assert [c.cell_id for c in plan.cells] == ["c000-optimAdamW-seed1", "c001-optimSGD_lr_0.1_m_0.9_wd_0-seed1"]
-    payload = write_plan(plan)
-    names = [trial_name(SimpleNamespace(config={"cell": c.cell_id}), payload) for c in plan.cells]
+    plan = save_plan(plan)
+    names = [trial_name(SimpleNamespace(config={"cell": c.cell_id}), plan) for c in plan.cells]
     assert names == ["4D-Paley-θ10000-s1-optimAdamW", "4D-Paley-θ10000-s1-optimSGD(lr=0.1, m=0.9, wd=0)"]
-    stored = [r["optim"] for r in cell_rows(payload)]  # the results table keeps the value itself, as JSON
+    stored = [r["optim"] for r in cell_rows(plan)]  # the results table keeps the value itself, as JSON
     assert [value_text(v) for v in stored] == ["AdamW", "SGD(lr=0.1, m=0.9, wd=0)"]
     assert [c.config_hash for c in plan.cells] == [config_hash(c.config) for c in plan.cells]
     sgd = plan.cells[1].config.optim
@@ -270,17 +270,17 @@ def test_a_sweep_planned_with_the_old_cell_ids_keeps_them(tmp_path):
     still this spec's sweep: `sweep run` keeps its stored ids (and so its cell directories) instead of refusing."""
     import json
 
-    from sweeps.runner import find_sweep, write_plan
+    from sweeps.plan_file import find_plan, save_plan
 
-    plan = prepare(str(write(tmp_path, MAPPING_AXIS)))
-    payload = write_plan(plan)
+    plan = save_plan(prepare(str(write(tmp_path, MAPPING_AXIS))))
     old_ids = {"c000-optimAdamW-seed1": "c000-optim_name_adamw_-seed1",
                "c001-optimSGD_lr_0.1_m_0.9_wd_0-seed1":
                "c001-optim_name_sgd_lr_0.1_momentum_0.9_weight_decay_0.0_-seed1"}
     stored = json.loads((plan.root / "plan.json").read_text())
     stored["cells"] = {old_ids[k]: v for k, v in stored["cells"].items()}
     (plan.root / "plan.json").write_text(json.dumps(stored))
-    again = write_plan(prepare(str(write(tmp_path, MAPPING_AXIS))))
-    assert list(again["cells"]) == list(old_ids.values())
-    assert [c["config_hash"] for c in again["cells"].values()] == [c["config_hash"] for c in payload["cells"].values()]
-    assert list(find_sweep(str(plan.root))["cells"]) == list(old_ids.values())
+    again = save_plan(prepare(str(write(tmp_path, MAPPING_AXIS))))
+    assert [c.cell_id for c in again.cells] == list(old_ids.values())
+    assert [c.config_hash for c in again.cells] == [c.config_hash for c in plan.cells]
+    assert [c.cell_id for c in find_plan(str(plan.root)).cells] == list(old_ids.values())
+    assert [c.config.train.out_dir for c in again.cells] == [str(plan.root / "cells" / i) for i in old_ids.values()]

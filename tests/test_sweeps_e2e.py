@@ -153,12 +153,13 @@ def test_local_grid_logs_one_run_per_cell_to_a_real_mlflow_server(tmp_path, cach
 
 
 def test_ui_serves_a_sweep_store_on_localhost(tmp_path):
-    from sweeps.runner import prepare, write_plan
+    from sweeps.plan_file import save_plan
+    from sweeps.runner import prepare
     from sweeps.tracking import SweepTracker
 
     plan = prepare(str(write_spec(tmp_path, "uisweep")))
     root = plan.root
-    write_plan(plan)  # the plan.json a real `hdrope sweep run` writes, before any Ray
+    save_plan(plan)  # the plan.json a real `hdrope sweep run` writes, before any Ray
     SweepTracker(f"sqlite:///{root / 'mlflow.db'}", "uisweep").parent_run()
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "sweeps.console", "ui", "uisweep", "--storage",

@@ -29,6 +29,7 @@ from trainer.model.position import POSITION_ENCODINGS, pe_config_class
 __all__ = [
     "EXPERIMENTS_DIR",
     "available_presets",
+    "config_yaml",
     "load_config",
     "load_model_args",
     "merge_config",
@@ -171,6 +172,11 @@ def merge_config(layers: list, where: str = "config") -> RunConfig:
     assert isinstance(cfg, RunConfig)
     cfg.data.tokenizer = absolute_tokenizer(cfg.data.tokenizer)
     return cfg
+
+
+def config_yaml(cfg: RunConfig) -> str:
+    """A run config as the YAML a run directory and a plan store (what `merge_config` reads back)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 
 def yaml_layer(path: Path, fix: str = "fix the file"):

@@ -30,7 +30,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
 
 from hdrope.errors import UserError
 from trainer.config import RunConfig, config_hash, flatten_config, validate_config
@@ -59,6 +58,7 @@ from trainer.files.run_files import (
 from trainer.model.llama import Llama
 from trainer.model.position import encoding_identity
 from trainer.model.throughput import flops_per_token, peak_flops
+from trainer.presets import config_yaml
 from trainer.run.checkpoint import damaged_checkpoints, latest_checkpoint, load_checkpoint, read_state, save_checkpoint
 from trainer.run.distributed import (
     STRATEGIES,
@@ -361,7 +361,7 @@ def _train(run: _Run) -> TrainResult:
     cfg, reporter = run.cfg, run.reporter
     if run.world.main:
         claim_run_dir(run.run_dir, run.chash, cfg.name)
-        (run.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+        (run.run_dir / "config.yaml").write_text(config_yaml(cfg))
         store_tokenizer(run.run_dir, getattr(run.data.tokenizer, "path", None))
     run.resume()
     t = cfg.train
