@@ -1,0 +1,75 @@
+"""The import graph of the lab's packages: one-way between packages, no cycle between modules (issue 18)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("hdrope", "trainer", "sweeps", "analysis")
+# which packages each package may import (data flows spec -> sweeps -> trainer -> hdrope; analysis reads results)
+ALLOWED = {"hdrope": set(), "trainer": {"hdrope"}, "sweeps": {"trainer", "hdrope"},
+           "analysis": {"sweeps", "trainer", "hdrope"}}
+# `hdrope sweep plan --detect D --pilot SWEEP` asks the analysis how many seeds a pilot's spread needs
+UPSTREAM_CALLS = {("sweeps.cli", "analysis.power")}
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    """Every lab module `path` imports anywhere (top level, in functions, under TYPE_CHECKING)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    return {m for m in found if m.split(".")[0] in PACKAGES and m != module}
+
+
+def _graph() -> dict[str, set[str]]:
+    files = {_module(p): p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")}
+    return {m: {i for i in _imports(p, m) if i in files} for m, p in files.items()}
+
+
+def test_packages_import_only_downstream():
+    wrong = [(m, i) for m, deps in _graph().items() for i in deps
+             if i.split(".")[0] != m.split(".")[0] and i.split(".")[0] not in ALLOWED[m.split(".")[0]]
+             and (m, i) not in UPSTREAM_CALLS]
+    assert not wrong
+
+
+def test_no_module_import_cycle():
+    graph = _graph()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(graph[m]):
+            if state.get(d) == 1 and not m.startswith(f"{d}."):  # a package's __init__ is its modules' parent
+                cycles.append(stack[stack.index(d):] + [d])
+            elif d not in state:
+                visit(d)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    assert not cycles
+
+
+@pytest.mark.parametrize("config_module", ["trainer.config", "trainer.model.args", "trainer.run.optim"])
+def test_configs_import_no_model_code(config_module):
+    """A config module never imports the decoder (trainer.model.llama) nor builds what it configures."""
+    path = REPO / (config_module.replace(".", "/") + ".py")
+    assert "trainer.model.llama" not in _imports(path, config_module)
