@@ -56,7 +56,7 @@ def test_no_module_import_cycle():
         stack.append(m)
         for d in sorted(graph[m]):
             if state.get(d) == 1 and not m.startswith(f"{d}."):  # a package's __init__ is its modules' parent
-                cycles.append(stack[stack.index(d):] + [d])
+                cycles.append([*stack[stack.index(d):], d])
             elif d not in state:
                 visit(d)
         stack.pop()
