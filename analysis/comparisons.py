@@ -16,6 +16,7 @@ import pandas as pd
 from analysis.outcomes import seed_values
 from analysis.stats import CORRECTIONS, adjust, compare, detectable_difference, seeds_to_reach
 from analysis.variants import theta_text, variant_axes
+from trainer.model.position import identity_is_rope
 
 __all__ = ["COLUMNS", "comparison_table", "correction_text", "fmt", "is_rope", "references", "verdict"]
 
@@ -24,8 +25,9 @@ COLUMNS = ["metric", "theta", "variant", "reference", "delta", "lo", "hi", "p", 
 
 
 def is_rope(cells: pd.DataFrame) -> pd.Series:
-    """Cells that are RoPE itself: kind rope, or hdrope at N = 2 (any basis: NOTES §1)."""
-    return (cells["rotation_dim"] == 2) & cells["pe_kind"].isin(["rope", "hdrope"])
+    """Cells that are RoPE itself, as the encoding registry says from their identity columns (kind rope, hdrope
+    at N = 2 with any basis: NOTES §1, partial RoPE and p-RoPE at fraction 1)."""
+    return pd.Series([identity_is_rope(row) for _, row in cells.iterrows()], index=cells.index, dtype=bool)
 
 
 def references(cells: pd.DataFrame) -> dict[str, str]:

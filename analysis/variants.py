@@ -2,9 +2,9 @@
 
 A variant is the encoding label (`pe_label`, from `trainer.model.position.encoding_identity`) plus the
 value of every other axis that is not a seed, not θ (θ is a table column and an x axis) and not
-already said by the label (kind, rotation dim, basis). Names are built from values and never parsed
-back; order comes from the identity columns. The axes and seed axes are read from the metadata
-that `hdrope sweep results` writes into results.parquet.
+already said by the label (the encoding registry's identity keys: kind, rotation dim, basis, ...).
+Names are built from values and never parsed back; order comes from the identity columns. The axes and
+seed axes are read from the metadata that `hdrope sweep results` writes into results.parquet.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import numpy as np
 import pandas as pd
 
 from trainer.labels import value_label
+from trainer.model.position import identity_keys
 
-__all__ = ["LABEL_KEYS", "THETA_KEY", "theta_text", "trained", "value_text", "variant_axes", "with_variants"]
+__all__ = ["THETA_KEY", "theta_text", "trained", "value_text", "variant_axes", "with_variants"]
 
-LABEL_KEYS = ("model.pe.kind", "model.pe.rotation_dim", "model.pe.basis")  # what pe_label already says
 THETA_KEY = "model.pe.theta"
 
 
@@ -26,7 +26,8 @@ def variant_axes(results: pd.DataFrame) -> list[str]:
     """The axis columns that split variants: every axis but seeds, θ and the keys the label already says."""
     axes = results.attrs.get("axes", [])
     seeds = set(results.attrs.get("seed_axes", []))
-    return [k for k in axes if k not in seeds and k != THETA_KEY and k not in LABEL_KEYS and k in results]
+    said = identity_keys()  # what pe_label already says
+    return [k for k in axes if k not in seeds and k != THETA_KEY and k not in said and k in results]
 
 
 def value_text(value: object) -> str:

@@ -17,7 +17,27 @@ from hdrope.kernels import Kernel, fused_by_default, make_kernel, rotate
 from hdrope.mixing import MixPlan, plan_mixing
 from hdrope.scaling import ScaledFrequencies, is_seq_dependent, scale_frequencies, validate_scaling
 
-__all__ = ["HDRotary"]
+__all__ = ["HDRotary", "check_rotary"]
+
+
+def check_rotary(head_dim: int, rotation_dim: int, theta: float, basis: str = "paley", seed: int = 0,
+                 scaling: Mapping[str, Any] | None = None,
+                 max_position: int | None = None) -> tuple[BlockLayout, np.ndarray, dict[str, Any] | None]:
+    """UserError naming the bad argument unless `HDRotary` takes these (no module, no tables); else the block
+    layout, the basis's block generator K and the normalised scaling."""
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta):
+        raise UserError(f"theta must be a finite number > 1, got {theta!r}")
+    if theta <= 1:
+        raise UserError(f"theta must be > 1 (RoPE base, e.g. 10000), got {theta!r}")
+    if basis not in BASIS_KINDS:
+        raise UserError(f"unknown basis {basis!r}; choose one of {sorted(BASIS_KINDS)}")
+    layout = block_layout(head_dim, rotation_dim)
+    generator = basis_generator(basis, rotation_dim, seed)
+    valid = validate_scaling(scaling, max_position, float(theta))
+    if valid is not None:  # surface bad lengths (longrope lists) before anything is built
+        exponents = layout.exponents()
+        scale_frequencies(float(theta) ** (-exponents), exponents, head_dim, float(theta), valid, 1)
+    return layout, generator, valid
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -55,27 +75,18 @@ class HDRotary(nn.Module):
         max_position: int | None = None,
     ) -> None:
         super().__init__()
-        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta):
-            raise UserError(f"theta must be a finite number > 1, got {theta!r}")
-        if theta <= 1:
-            raise UserError(f"theta must be > 1 (RoPE base, e.g. 10000), got {theta!r}")
-        if basis not in BASIS_KINDS:
-            raise UserError(f"unknown basis {basis!r}; choose one of {sorted(BASIS_KINDS)}")
-        self.layout: BlockLayout = block_layout(head_dim, rotation_dim)
+        self.layout, self.block_generator, self.scaling = check_rotary(head_dim, rotation_dim, theta, basis, seed,
+                                                                       scaling, max_position)
         self.head_dim, self.rotation_dim, self.theta = head_dim, rotation_dim, float(theta)
         self.basis, self.seed = basis, int(seed)
         self.fused: bool | None = None if fused is None else bool(fused)
-        self.block_generator: np.ndarray = basis_generator(basis, rotation_dim, seed)
         self._impl = impl
         self.plan: MixPlan = plan_mixing(self.block_generator, self.layout, impl, bool(fused))  # CPU: None is eager
         self._plans: dict[bool, MixPlan] = {bool(fused): self.plan}
-        self.scaling = validate_scaling(scaling, max_position, float(theta))
         self._exponents = self.layout.exponents()
         self._base_freqs = self.theta ** (-self._exponents)
         self._freq_index = torch.from_numpy(self.layout.channel_frequency_index())
         self._kernels: dict[tuple[str, torch.dtype], Kernel] = {}
-        if self.scaling is not None:  # surface bad lengths (longrope lists) at construction
-            self.scaled_frequencies(seq_len=1)
 
     def extra_repr(self) -> str:
         fused = "auto" if self.fused is None else self.fused

@@ -14,6 +14,8 @@ from typing import Any
 
 from sweeps.plan import Plan
 from trainer.config import RunConfig
+from trainer.model.position import step_cost_key
+from trainer.model.throughput import param_count
 
 __all__ = ["estimate_sweep", "estimate_text"]
 
@@ -41,7 +43,7 @@ def _eval_steps(cfg: RunConfig) -> float:
 
 def _shape_key(cfg: RunConfig) -> str:
     model = asdict(cfg.model)
-    model["pe"] = {k: model["pe"].get(k) for k in ("kind", "rotation_dim", "fused")}  # θ, basis: same cost
+    model["pe"] = step_cost_key(cfg.model.pe)  # θ, basis: same cost
     return json.dumps([model, cfg.train.batch_size, cfg.train.threads], sort_keys=True, default=str)
 
 
@@ -61,8 +63,9 @@ def estimate_sweep(plan: Plan) -> dict[str, Any]:
         cfg = cell.config
         key = _shape_key(cfg)
         if key not in step_s:
-            if _params(cfg) > MAX_TIMED_PARAMS:
-                return {"reason": f"models of {_params(cfg) / 1e6:.0f}M parameters are not timed on the driver"}
+            if param_count(cfg.model) > MAX_TIMED_PARAMS:
+                return {"reason": f"models of {param_count(cfg.model) / 1e6:.0f}M parameters are not timed on the "
+                        "driver"}
             threads = cfg.train.threads or max(1, int(plan.spec.resources.cpus))
             step_s[key] = step_seconds(cfg.model, cfg.train.batch_size * cfg.train.grad_accum, threads)
         per_trial.append((cfg.train.steps + _eval_steps(cfg)) * step_s[key] + overhead)  # W workers: no faster
@@ -71,13 +74,6 @@ def estimate_sweep(plan: Plan) -> dict[str, Any]:
     slots = max(1, s["concurrent_here"])
     total = max(sum(per_trial) / slots, max(per_trial)) + STARTUP_S
     return {"total_s": total, "per_trial_s": per_trial, "step_s": sorted(step_s.values()), "concurrent": slots}
-
-
-def _params(cfg: RunConfig) -> float:
-    m = cfg.model
-    hd = m.resolved_head_dim
-    per_layer = m.dim * hd * (2 * m.n_heads + 2 * m.n_kv_heads) + 3 * m.dim * m.ffn_hidden
-    return m.n_layers * per_layer + m.dim * m.vocab_size
 
 
 def estimate_text(plan: Plan) -> str:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.labels import value_label
+from trainer.model.position import identity_keys
 from trainer.run.reporting import EXPERIMENT_KIND_TAG, MODEL_TRAINING, TRAINING_VIEW, log_params
 
 __all__ = [
@@ -55,7 +56,7 @@ def cell_run_name(identity: dict[str, Any], seed: int, values: dict[str, Any], s
     if identity.get("theta") is not None:
         parts.append(f"θ{identity['theta']:g}")
     parts.append(f"s{seed}")
-    skip = {"model.pe.kind", "model.pe.rotation_dim", "model.pe.basis", "model.pe.theta", *seed_axes}
+    skip = {*identity_keys(), "model.pe.theta", *seed_axes}  # what the label already says
     parts += [f"{k.rsplit('.', 1)[-1]}{value_label(v)}" for k, v in values.items() if k not in skip]
     return "-".join(parts)[:250]
 

@@ -10,20 +10,15 @@ import torch
 
 from hdrope import HDRotary
 from hdrope.errors import UserError
-from trainer.model.encodings.alibi import alibi_slopes
+from trainer.model.encodings.alibi import ALiBiConfig, alibi_slopes
 from trainer.model.encodings.base import EncodingShape
-from trainer.model.encodings.configs import (
-    ALiBiConfig,
-    FoPEConfig,
-    LearnedBasisConfig,
-    PartialRoPEConfig,
-    PEConfig,
-    PRoPEConfig,
-    RPE3DConfig,
-    XPosConfig,
-)
-from trainer.model.encodings.fope import fope_frequencies, step_eye
-from trainer.model.encodings.learned import orthogonal
+from trainer.model.encodings.fope import FoPEConfig, fope_frequencies, step_eye
+from trainer.model.encodings.learned_basis import LearnedBasisConfig, orthogonal
+from trainer.model.encodings.p_rope import PRoPEConfig
+from trainer.model.encodings.partial_rope import PartialRoPEConfig
+from trainer.model.encodings.rotary import PEConfig
+from trainer.model.encodings.rpe3d import RPE3DConfig
+from trainer.model.encodings.xpos import XPosConfig
 from trainer.model.llama import KVCache, Llama, ModelArgs
 from trainer.model.position import (
     POSITION_ENCODINGS,
@@ -373,7 +368,7 @@ def test_a_sweep_over_new_kinds_runs_and_reports_one_label_per_kind(cache_dir, t
 def test_position_tables_are_cached_from_the_train_length_and_grow_with_longer_inputs(kind):
     enc = build_position_encoding(pe_config_class(kind)(kind=kind), SHAPE)
     assert enc.state_dict().keys().isdisjoint({"cos", "sin", "phases.cos", "phases.sin"})
-    table = enc if kind == "rope" else enc.phases
+    table = enc.phases  # every kind caches in one CosSinCache class
     assert table.cos.shape[0] == SHAPE.max_seq_len
     first = enc.tables(torch.arange(5), torch.float32)
     assert table.cos.shape[0] == SHAPE.max_seq_len  # no recomputation inside the train length

@@ -23,7 +23,7 @@ from hdrope.errors import UserError
 from trainer.config import RunConfig, validate_config
 from trainer.data.tokenizer import absolute_tokenizer
 from trainer.model.args import ModelArgs
-from trainer.model.encodings.configs import PEConfig
+from trainer.model.encodings.rotary import PEConfig
 from trainer.model.position import POSITION_ENCODINGS, pe_config_class
 
 __all__ = [
@@ -154,7 +154,7 @@ def _pe_key_hint(key: str, kind: str) -> str:
 def merge_config(layers: list, where: str = "config") -> RunConfig:
     """Merge OmegaConf layers (dicts/DictConfigs) onto the RunConfig schema; UserError names the bad key.
 
-    `model.pe` is typed by the config class of the kind the layers select (trainer.model.encodings.configs),
+    `model.pe` is typed by the config class of the kind the layers select (its module under trainer.model.encodings),
     so a key the kind does not have is an error naming it. Switching to a kind with another config class
     drops the `model.pe` settings of the layers before the switch (see `select_pe_kind`). A tokenizer.json
     path is made absolute here, against the current directory, so a run reads one file wherever it resumes."""

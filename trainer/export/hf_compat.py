@@ -15,6 +15,7 @@ import torch
 
 from hdrope.errors import UserError
 from trainer.model.llama import Llama, ModelArgs
+from trainer.model.position import POSITION_ENCODINGS
 
 __all__ = ["hf_config", "hf_config_dict", "special_token_ids", "to_hf_state_dict"]
 
@@ -51,10 +52,13 @@ def hf_config_dict(a: ModelArgs, rope_parameters: dict[str, Any] | None = None,
 
 
 def hf_config(a: ModelArgs, **extra: Any):
-    """A transformers LlamaConfig with the same architecture (needs pe.kind=rope and no scaling)."""
+    """A transformers LlamaConfig with the same architecture (needs an encoding whose HF rotary is plain unscaled
+    RoPE on the same channels: rope, or hdrope at N = 2 with the identity basis)."""
     from transformers import LlamaConfig
 
-    if a.pe.kind != "rope" or a.pe.scaling:
+    kind = POSITION_ENCODINGS.get(a.pe.kind)
+    rot = kind.hf_rotary(a.pe, a.encoding_shape) if kind is not None and kind.hf_rotary is not None else None
+    if rot is None or rot.rotation_dim != 2 or rot.basis != "identity" or rot.scaling:
         raise UserError(f"model.pe.kind={a.pe.kind!r}: only unscaled `rope` has an HF Llama equivalent")
     return LlamaConfig(**hf_config_dict(a), **extra)
 

@@ -28,7 +28,6 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from hdrope import HDRotary
 from hdrope.errors import UserError
 from hdrope.fold import fold_matrix, identity_twin
 from hdrope.scaling import is_seq_dependent
@@ -36,18 +35,10 @@ from trainer.config import RunConfig, config_hash
 from trainer.export.hf_compat import hf_config_dict, special_token_ids, to_hf_state_dict
 from trainer.files.dir_lock import refuse_non_directory
 from trainer.model.llama import Llama, ModelArgs
+from trainer.model.position import hf_rotary
 from trainer.run.trained import load_trained, run_tokenizer
 
 __all__ = ["export_checkpoint", "export_model", "hf_rotary_map"]
-
-
-def _rotary(a: ModelArgs) -> HDRotary:
-    pe = a.pe
-    if pe.kind not in ("rope", "hdrope"):
-        raise UserError(f"model.pe.kind={pe.kind!r} is not exportable to HF Llama (only rope and hdrope, whose "
-                        "rotation folds into W_q/W_k, are)")
-    n, basis = (2, "identity") if pe.kind == "rope" else (pe.rotation_dim, pe.basis)
-    return HDRotary(a.resolved_head_dim, n, pe.theta, basis, pe.seed, pe.scaling, max_position=a.max_seq_len)
 
 
 def _pairs(generator: np.ndarray) -> list[tuple[int, int]]:
@@ -60,7 +51,7 @@ def _pairs(generator: np.ndarray) -> list[tuple[int, int]]:
 def hf_rotary_map(a: ModelArgs) -> tuple[np.ndarray, dict[str, Any]]:
     """(M, rope_parameters): HF's q/k of a head are M·(ours), M = P·Bᵀ (head_dim²), with HF rope parameters
     reproducing the pair frequencies exactly."""
-    rot = _rotary(a)
+    rot = hf_rotary(a.pe, a.encoding_shape)  # the kind's exact HF rotary; UserError unless exportable
     if is_seq_dependent(rot.scaling):
         raise UserError(f"model.pe.scaling={rot.scaling['rope_type']!r} depends on the sequence length: not "
                         "exportable with per-frequency factors; export an unscaled or linear/yarn/llama3 model")

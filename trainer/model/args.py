@@ -1,6 +1,6 @@
 """The decoder's architecture as a typed config (`ModelArgs`, the `model:` section of a run config) and its check.
 
-Imports no torch module code of the model: configs read it without building anything but the encoding's check.
+Imports no torch module code of the model, and checking it builds nothing (the encoding registry checks model.pe).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hdrope.errors import UserError
-from trainer.model.position import EncodingShape, PEConfig, PositionEncoding, build_position_encoding
+from trainer.model.position import EncodingShape, PEConfig, encoding_problems
 
 __all__ = ["ModelArgs", "validate_model_args"]
 
@@ -30,19 +30,21 @@ class ModelArgs:
     tie_embeddings: bool = False
     init_std: float = 0.02
     depth_scaled_init: bool = False  # scale wo / w2 init by 1/sqrt(2·n_layers)
-    # one typed dataclass per kind (trainer.model.encodings.configs), chosen by pe.kind when the config is merged
+    # one typed dataclass per kind (its module under trainer.model.encodings), chosen by pe.kind when merged
     pe: Any = field(default_factory=PEConfig)
 
     @property
     def resolved_head_dim(self) -> int:
         return self.head_dim if self.head_dim is not None else self.dim // self.n_heads
 
+    @property
+    def encoding_shape(self) -> EncodingShape:
+        """The dimensions the position encoding is built for."""
+        return EncodingShape(self.resolved_head_dim, self.n_heads, self.n_kv_heads, self.n_layers, self.max_seq_len)
 
-def validate_model_args(a: ModelArgs) -> PositionEncoding:
-    """Raise ValueError naming the field, the value and the fix for an impossible architecture.
 
-    Returns the position encoding it had to build to validate theta, basis and scaling.
-    """
+def validate_model_args(a: ModelArgs) -> None:
+    """Raise UserError naming the field, the value and the fix for an impossible architecture (builds nothing)."""
     for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len"):
         v = getattr(a, name)
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -54,5 +56,6 @@ def validate_model_args(a: ModelArgs) -> PositionEncoding:
             f"model.n_heads={a.n_heads} is not divisible by model.n_kv_heads={a.n_kv_heads}; "
             "grouped-query attention needs n_kv_heads to divide n_heads"
         )
-    shape = EncodingShape(a.resolved_head_dim, a.n_heads, a.n_kv_heads, a.n_layers, a.max_seq_len)
-    return build_position_encoding(a.pe, shape)  # the kind registry checks model.pe for this shape first
+    problems = encoding_problems(a.pe, a.encoding_shape)
+    if problems:
+        raise UserError("; ".join(problems))

@@ -3,12 +3,13 @@
 Each kind is built with its default config for one attention shape and timed on the same q and k
 (tables for the positions, then the transform of one layer; score-bias kinds time their bias),
 round-robin in one process with `hdrope.bench.median_round_robin`, against RoPE and an
-elementwise floor (q*2 and k*2). HD-RoPE N = 4 Paley is listed eager and compiled.
+elementwise floor (q*2 and k*2). The default encoding (HD-RoPE N = 4 Paley) is listed eager and compiled.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 from collections.abc import Callable
 from typing import Any
@@ -17,18 +18,26 @@ import torch
 
 from hdrope.bench import median_round_robin
 from hdrope.errors import UserError
+from trainer.model.args import ModelArgs
 from trainer.model.encodings.base import EncodingShape, PositionModule
-from trainer.model.position import POSITION_ENCODINGS, PEConfig, build_position_encoding, encoding_identity
+from trainer.model.position import POSITION_ENCODINGS, build_position_encoding, encoding_identity, identity_is_rope
 
 __all__ = ["main", "run_encodings_bench"]
 
 
 def _variants() -> dict[str, Any]:
+    """Every kind's default config, eager (labelled by its identity), plus the default encoding compiled."""
+    default = ModelArgs().pe
     out: dict[str, Any] = {}
     for kind, entry in POSITION_ENCODINGS.items():
-        cfg = PEConfig(kind=kind, fused=False) if entry.config is PEConfig else entry.config()  # eager everywhere
-        out[encoding_identity(cfg)["pe_label"] + ("" if kind != "hdrope" else " eager")] = cfg
-    out["4D Paley compiled"] = PEConfig(kind="hdrope", fused=True)
+        cfg = entry.config(kind=kind)
+        if hasattr(cfg, "fused"):
+            cfg.fused = False  # eager everywhere
+        label = encoding_identity(cfg)["pe_label"]
+        out[label + (" eager" if kind == default.kind else "")] = cfg
+    compiled = copy.copy(default)
+    compiled.fused = True
+    out[encoding_identity(default)["pe_label"] + " compiled"] = compiled
     return out
 
 
@@ -54,14 +63,16 @@ def run_encodings_bench(shape: tuple[int, int, int, int] = (8, 8, 1024, 64), rou
     dims = EncodingShape(d, h, h, 1, s)
     fwd: dict[str, Callable[[], object]] = {"floor": lambda: (q * 2.0, k * 2.0)}
     bwd: dict[str, Callable[[], object]] = {}
-    for label, cfg in _variants().items():
+    variants = _variants()
+    rope = next(label for label, cfg in variants.items() if identity_is_rope(encoding_identity(cfg)))
+    for label, cfg in variants.items():
         enc = build_position_encoding(cfg, dims)
         fwd[label] = _transform(enc, q, k, pos, backward=False)
         bwd[label] = _transform(enc, qg, kg, pos, backward=True)
     t_f, t_b = median_round_robin(fwd, rounds), median_round_robin(bwd, rounds)
     floor = t_f.pop("floor")
-    return [{"encoding": name, "fwd_ms": ms, "fwd_vs_rope": ms / t_f["RoPE"], "fwd_vs_floor": ms / floor,
-             "fwdbwd_ms": t_b[name], "fwdbwd_vs_rope": t_b[name] / t_b["RoPE"], "floor_ms": floor}
+    return [{"encoding": name, "fwd_ms": ms, "fwd_vs_rope": ms / t_f[rope], "fwd_vs_floor": ms / floor,
+             "fwdbwd_ms": t_b[name], "fwdbwd_vs_rope": t_b[name] / t_b[rope], "floor_ms": floor}
             for name, ms in t_f.items()]
 
 

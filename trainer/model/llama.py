@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.model.args import ModelArgs, validate_model_args
-from trainer.model.position import PositionEncoding
+from trainer.model.position import PositionEncoding, build_position_encoding
 
 __all__ = ["KVCache", "Llama", "ModelArgs", "validate_model_args"]
 
@@ -122,7 +122,8 @@ class Llama(nn.Module):
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
-        self.pe = validate_model_args(args)
+        validate_model_args(args)
+        self.pe = build_position_encoding(args.pe, args.encoding_shape)
         self.args = args
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(Block(args, i) for i in range(args.n_layers))

@@ -1,7 +1,9 @@
 """Model FLOPs per token and an MFU estimate against a peak (given, known for the GPU, or measured).
 
 FLOPs follow the PaLM appendix: 6·N for the matmuls (N = parameters without the input embedding)
-plus 12·n_layers·n_heads·head_dim·seq for attention scores and values, forward plus backward.
+plus 12·n_layers·n_heads·head_dim·seq for attention scores and values, forward plus backward, plus the
+matmuls of the position encoding's own transform (its kind's FLOPs; zero for the elementwise rotary kinds).
+`param_count` is the model's parameter count, the encoding's own parameters included (its kind's count).
 On a CPU, the peak is the measured throughput of a large fp32/bf16 matmul on the threads in use,
 so CPU MFU reads as "fraction of achievable GEMM speed".
 """
@@ -14,20 +16,34 @@ import time
 import torch
 
 from trainer.model.args import ModelArgs
+from trainer.model.position import encoding_flops, encoding_params
 
-__all__ = ["flops_per_token", "peak_flops"]
+__all__ = ["flops_per_token", "matmul_params", "param_count", "peak_flops"]
 
 # Dense bf16 tensor-core peaks (FLOP/s) of common accelerators, by a substring of the device name.
 _GPU_PEAKS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "4090": 165e12}
 
 
-def flops_per_token(a: ModelArgs, seq_len: int) -> float:
-    """Training FLOPs (forward + backward) per token at sequence length seq_len."""
+def matmul_params(a: ModelArgs) -> int:
+    """Weights every token multiplies by: each layer's attention and feed-forward projections and the output
+    projection (not the input embedding, a lookup, nor the norms or the encoding's own parameters)."""
     hd = a.resolved_head_dim
     attn = a.dim * hd * (2 * a.n_heads + 2 * a.n_kv_heads)
     ffn = 3 * a.dim * a.ffn_hidden
-    n = a.n_layers * (attn + ffn) + a.dim * a.vocab_size  # output projection; input embedding is a lookup
-    return 6.0 * n + 12.0 * a.n_layers * a.n_heads * hd * seq_len
+    return a.n_layers * (attn + ffn) + a.dim * a.vocab_size
+
+
+def param_count(a: ModelArgs) -> int:
+    """Parameters of `Llama(a)` (tied weights counted once), the encoding's own included, without building it."""
+    embedding = 0 if a.tie_embeddings else a.vocab_size * a.dim
+    norms = (2 * a.n_layers + 1) * a.dim
+    return matmul_params(a) + embedding + norms + encoding_params(a.pe, a.encoding_shape)
+
+
+def flops_per_token(a: ModelArgs, seq_len: int) -> float:
+    """Training FLOPs (forward + backward) per token at sequence length seq_len."""
+    attention = 12.0 * a.n_layers * a.n_heads * a.resolved_head_dim * seq_len
+    return 6.0 * matmul_params(a) + attention + encoding_flops(a.pe, a.encoding_shape)
 
 
 @functools.lru_cache(maxsize=4)

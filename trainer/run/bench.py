@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from hdrope.bench import median_round_robin
 from hdrope.errors import UserError
 from trainer.model.llama import Llama, ModelArgs, validate_model_args
+from trainer.model.position import build_position_encoding
 from trainer.model.throughput import flops_per_token, peak_flops
 from trainer.presets import load_model_args
 
@@ -85,7 +86,8 @@ def run_train_bench(
     forward = torch.compile(model) if compile_model else None
     fns: dict[str, Callable[[], None]] = {}
     for name, args in variants.items():
-        pe = validate_model_args(args).to(dev)
+        validate_model_args(args)
+        pe = build_position_encoding(args.pe, args.encoding_shape).to(dev)
         fns[name] = train_step_fn(model, tokens, autocast=bf16, opt=opt, pe=pe, forward=forward)
     if with_hf:
         from transformers import LlamaForCausalLM

@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from trainer.model.encodings.base import PositionModule
+from trainer.model.encodings.kind import EncodingKind, identity_row
+
+
+@dataclass
+class ALiBiConfig:
+    """ALiBi: no q/k transform; a per-head linear distance penalty added to the attention logits."""
+
+    kind: str = "alibi"
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -35,3 +44,9 @@ class ALiBi(PositionModule):
         keys = torch.arange(kv_len, device=q_positions.device, dtype=torch.float32)
         dist = q_positions.to(torch.float32).unsqueeze(-1) - keys  # (seq, kv_len)
         return -self.slopes.to(q_positions.device)[:, None, None] * dist
+
+
+KIND = EncodingKind(
+    "alibi", ALiBiConfig, lambda c, s: ALiBi(s.n_heads),
+    lambda pe: identity_row("alibi", "ALiBi", 0, "none", None, None),
+    identity_keys=(), is_rope=lambda row: False, translation_invariant=True, tables=False)

@@ -1,4 +1,4 @@
-"""What every position-encoding module provides, and the cached phase table the rotary kinds share."""
+"""What every position-encoding module provides, and the one cos/sin cache the rotary kinds share."""
 
 from __future__ import annotations
 
@@ -53,45 +53,71 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-class PhaseTable(nn.Module):
-    """cos/sin of position × frequency, cached as non-persistent buffers up to the longest position seen.
+class CosSinCache(nn.Module):
+    """cos/sin rows per position, cached as non-persistent float32 buffers up to the longest position seen.
 
-    Phases are formed in float64 and stored in float32; float64 requests are computed afresh.
+    The cache holds positions 0..L-1 (L a power of two, at least min_len); float64 requests, and requests for
+    which `fresh` says so, are computed afresh. Subclasses say what a row is (`compute`).
     """
 
-    def __init__(self, freqs: torch.Tensor, min_len: int, prefill: bool = True) -> None:
+    def __init__(self, width: int, min_len: int, prefill: bool = True) -> None:
         super().__init__()
-        self.register_buffer("freqs", freqs.to(torch.float64), persistent=False)
-        self.register_buffer("cos", torch.empty(0, freqs.numel()), persistent=False)
-        self.register_buffer("sin", torch.empty(0, freqs.numel()), persistent=False)
+        self.register_buffer("cos", torch.empty(0, width), persistent=False)
+        self.register_buffer("sin", torch.empty(0, width), persistent=False)
         self.min_len = int(min_len)
         if prefill:  # the train length is cached at construction; longer inputs extend it
             self._extend(self.min_len)
 
     def extra_repr(self) -> str:
-        return f"n_freqs={self.freqs.numel()}, cached_len={self.cos.shape[0]}"
+        return f"cached_len={self.cos.shape[0]}"
 
-    def angles(self, pos: torch.Tensor) -> torch.Tensor:
-        """Phases (..., n_freqs) in float64 for float64 positions: position × frequency."""
-        return pos.unsqueeze(-1) * self.freqs.to(pos.device)
+    def compute(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) of shape (batch, seq, width) for integer positions (batch, seq), in float64 for a float64
+        dtype, else float32 (or what the row's own computation gives for dtype)."""
+        raise NotImplementedError
+
+    def fresh(self, dtype: torch.dtype) -> bool:
+        """Whether a request in dtype is computed afresh rather than read from the cache."""
+        return compute_dtype(dtype) == torch.float64
 
     def _extend(self, needed: int) -> None:
         length = max(self.min_len, 1 << max(needed - 1, 0).bit_length())
-        ang = self.angles(torch.arange(length, dtype=torch.float64, device=self.freqs.device))
-        self.cos, self.sin = torch.cos(ang).float(), torch.sin(ang).float()
+        cos, sin = self.compute(torch.arange(length, device=self.cos.device).unsqueeze(0), torch.float32)
+        self.cos, self.sin = cos[0], sin[0]
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype,
                length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin) of shape (1 or batch, 1, seq, n_freqs) for integer positions (all < length if given)."""
+        """(cos, sin) of shape (1 or batch, 1, seq, width) for integer positions (all < length if given)."""
         pos = positions if positions.dim() == 2 else positions.unsqueeze(0)
-        if compute_dtype(dtype) == torch.float64:
-            ang = self.angles(pos.to(torch.float64))
-            return torch.cos(ang).unsqueeze(1), torch.sin(ang).unsqueeze(1)
+        if self.fresh(dtype):
+            cos, sin = self.compute(pos, dtype)
+            return cos.unsqueeze(1), sin.unsqueeze(1)
         needed = positions_bound(pos, length)
         if needed > self.cos.shape[0]:
             self._extend(needed)
         pos = pos.to(self.cos.device)
         return self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
+
+
+class PhaseTable(CosSinCache):
+    """cos/sin of position × frequency: phases formed in float64, cached in float32."""
+
+    def __init__(self, freqs: torch.Tensor, min_len: int, prefill: bool = True) -> None:
+        super().__init__(freqs.numel(), min_len, prefill=False)
+        self.register_buffer("freqs", freqs.to(torch.float64), persistent=False)
+        if prefill:
+            self._extend(self.min_len)
+
+    def extra_repr(self) -> str:
+        return f"n_freqs={self.freqs.numel()}, {super().extra_repr()}"
+
+    def angles(self, pos: torch.Tensor) -> torch.Tensor:
+        """Phases (..., n_freqs) in float64 for float64 positions: position × frequency."""
+        return pos.unsqueeze(-1) * self.freqs.to(pos.device)
+
+    def compute(self, pos, dtype):
+        ang = self.angles(pos.to(torch.float64))
+        return torch.cos(ang).to(compute_dtype(dtype)), torch.sin(ang).to(compute_dtype(dtype))
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

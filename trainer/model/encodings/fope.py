@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from hdrope.errors import UserError
 from trainer.model.encodings.base import EncodingShape, PhaseTable, PositionModule, rope_freqs, rotate_pairs
+from trainer.model.encodings.kind import EncodingKind, identity_row
 from trainer.model.encodings.rotary import check_theta
+
+
+@dataclass
+class FoPEConfig:
+    """FoPE (Hua et al. 2024) as its official code's defaults."""
+
+    kind: str = "fope"
+    theta: float = 10000.0
+    sigma: float = 0.3  # Xavier-normal gain of the coefficient noise (official: 0.3 / 0.4 / 0.6 by size)
+    learnable: bool = False  # official default: fixed (saved in the checkpoint, not trained)
+    seed: int = 0  # seed of the coefficient noise
 
 
 def fope_frequencies(theta: float, head_dim: int, train_len: int) -> torch.Tensor:
@@ -80,3 +94,36 @@ class FoPE(PositionModule):
         c, s = self._series(cos, self.w_cos[layer]), self._series(sin, self.w_sin[layer])
         cq, sq = c.repeat_interleave(self.group, dim=1), s.repeat_interleave(self.group, dim=1)
         return rotate_pairs(q, cq, sq), rotate_pairs(k, c, s)
+
+
+def _problems(pe: FoPEConfig, s: EncodingShape) -> list[str]:
+    # the Fourier series has min(kept frequencies, head_dim/4) outputs; it needs at least one of each
+    problems = []
+    if s.head_dim < 4:
+        problems.append(f"head_dim={s.head_dim}: model.pe.kind='fope' needs head_dim >= 4 (its series has head_dim/4 "
+                        "terms); raise model.dim (or model.head_dim) or lower model.n_heads")
+    try:
+        kept = fope_frequencies(pe.theta, s.head_dim, s.max_seq_len).numel()
+    except UserError as err:  # a bad theta, named by check_theta
+        return [*problems, str(err)]
+    if s.head_dim >= 2 and not kept:  # the fastest frequency (1 rad/token) needs 2π positions to finish a period
+        problems.append(f"model.max_seq_len={s.max_seq_len}: FoPE keeps only frequencies that finish a period within "
+                        f"the train length (θ_i >= 2π/{s.max_seq_len}) and none does; use model.max_seq_len >= "
+                        f"{math.ceil(2 * math.pi)}")
+    return problems
+
+
+def _coefficients(pe: FoPEConfig, s: EncodingShape) -> int:
+    """Entries of one of W_sin / W_cos over all layers and KV heads."""
+    d_in = fope_frequencies(pe.theta, s.head_dim, s.max_seq_len).numel()
+    return s.n_layers * s.n_kv_heads * d_in * min(d_in, s.head_dim // 4)
+
+
+KIND = EncodingKind(
+    "fope", FoPEConfig, lambda c, s: FoPE(c.theta, c.sigma, c.learnable, c.seed, s),
+    lambda pe: identity_row("fope", "FoPE" + (" learned" if pe.learnable else ""), 2, "fourier", int(pe.seed),
+                            pe.theta),
+    identity_keys=("learnable",), is_rope=lambda row: False, translation_invariant=False, problems=_problems,
+    params=lambda c, s: 2 * _coefficients(c, s) if c.learnable else 0,
+    # the two series per token: 2·(d_in·d_out) multiply-adds per KV head and layer each; backward only if learned
+    flops=lambda c, s: 4.0 * _coefficients(c, s) * (3 if c.learnable else 1))

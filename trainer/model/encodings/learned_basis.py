@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from hdrope.bases import basis_generator
 from hdrope.errors import UserError
 from trainer.model.encodings.base import EncodingShape, PhaseTable, PositionModule
+from trainer.model.encodings.kind import EncodingKind, identity_row, problems_of
 from trainer.model.encodings.rotary import check_theta
 
 PARAMETERISATIONS = ("expm", "cayley")
+
+
+@dataclass
+class LearnedBasisConfig:
+    """HD-RoPE whose basis Q is learned per layer (optionally per KV head), kept exactly orthogonal."""
+
+    kind: str = "learned_basis"
+    rotation_dim: int = 4
+    theta: float = 10000.0
+    init: str = "paley"  # identity | paley | random | hadamard | dct: the starting basis
+    seed: int = 0  # seed of a random init
+    per_head: bool = False
+    parameterisation: str = "expm"  # expm | cayley
 
 
 def orthogonal(a: torch.Tensor, how: str) -> torch.Tensor:
@@ -34,15 +50,8 @@ class LearnedBasis(PositionModule):
     def __init__(self, rotation_dim: int, theta: float, init: str, seed: int, per_head: bool, how: str,
                  shape: EncodingShape) -> None:
         super().__init__()
-        n, d = rotation_dim, shape.head_dim
-        if isinstance(n, bool) or not isinstance(n, int) or n < 2 or n % 2 or d % n:
-            raise UserError(f"model.pe.rotation_dim={n!r}: must be an even integer >= 2 dividing head_dim={d}")
-        if how not in PARAMETERISATIONS:
-            raise UserError(f"model.pe.parameterisation={how!r}: choose one of {list(PARAMETERISATIONS)}")
-        try:
-            k0 = torch.from_numpy(basis_generator(init, n, seed)).float()
-        except (UserError, ValueError) as err:
-            raise UserError(f"model.pe.init={init!r}: {err}") from None
+        n, d = rotation_dim, shape.head_dim  # checked by the kind's problems before building
+        k0 = torch.from_numpy(basis_generator(init, n, seed)).float()
         self.n, self.init, self.how, self.group = n, init, how, shape.n_heads // shape.n_kv_heads
         self.register_buffer("k0", k0)  # the starting generator, saved with the checkpoint
         heads = shape.n_kv_heads if per_head else 1
@@ -73,3 +82,37 @@ class LearnedBasis(PositionModule):
         gen = self.generator(layer, cos.dtype)  # (KV heads or 1, N, N)
         gen_q = gen.repeat_interleave(self.group, dim=0) if gen.shape[0] > 1 else gen
         return self._one(q, gen_q, cos, sin), self._one(k, gen, cos, sin)
+
+
+def _problems(pe: LearnedBasisConfig, s: EncodingShape) -> list[str]:
+    n, d, how, init = pe.rotation_dim, s.head_dim, pe.parameterisation, pe.init
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2 or n % 2 or d % n:
+        return [f"model.pe.rotation_dim={n!r}: must be an even integer >= 2 dividing head_dim={d}"]
+    if how not in PARAMETERISATIONS:
+        return [f"model.pe.parameterisation={how!r}: choose one of {list(PARAMETERISATIONS)}"]
+    try:
+        basis_generator(init, n, pe.seed)
+    except (UserError, ValueError) as err:
+        return [f"model.pe.init={init!r}: {err}"]
+    return problems_of("learned_basis", lambda: check_theta(pe.theta))
+
+
+def _params(pe: LearnedBasisConfig, s: EncodingShape) -> int:
+    return s.n_layers * (s.n_kv_heads if pe.per_head else 1) * pe.rotation_dim**2
+
+
+def _label(pe: LearnedBasisConfig) -> str:
+    return f"{pe.rotation_dim}D learned ({pe.init}{', per head' if pe.per_head else ''})"
+
+
+KIND = EncodingKind(
+    "learned_basis", LearnedBasisConfig,
+    lambda c, s: LearnedBasis(c.rotation_dim, c.theta, c.init, c.seed, c.per_head, c.parameterisation, s),
+    lambda pe: identity_row("learned_basis", _label(pe), int(pe.rotation_dim), f"learned-{pe.init}",
+                            int(pe.seed) if pe.init == "random" else None, pe.theta),
+    identity_keys=("rotation_dim", "init", "per_head"), is_rope=lambda row: False, translation_invariant=True,
+    dedup=lambda pe: pe if pe.init == "random" else LearnedBasisConfig(**{**vars(pe), "seed": 0}),
+    problems=_problems, params=_params,
+    # K·x on every N-block of q and k: 2·N·head_dim per head and layer forward, twice that backward
+    flops=lambda c, s: 6.0 * c.rotation_dim * s.head_dim * (s.n_heads + s.n_kv_heads) * s.n_layers,
+    cost_keys=("rotation_dim",))
