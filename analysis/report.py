@@ -280,14 +280,16 @@ def _spec_uri(plan: Plan | None) -> str | None:
 def _log_to_mlflow(sweep_dir: Path, name: str, files: list[Path], tracking_uri: str | None) -> str | None:
     import mlflow
 
-    uri = tracking_uri or f"sqlite:///{sweep_dir / 'mlflow.db'}"
+    from trainer.run.tracking import default_tracking_uri, runs_with
+
+    uri = tracking_uri or default_tracking_uri(sweep_dir)
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         return None
     client = mlflow.MlflowClient(uri)
     exp = client.get_experiment_by_name(name)
     if exp is None:
         return None
-    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.sweep = '{name}' and tags.role = 'parent'")
+    runs = runs_with(client, {"sweep": name, "role": "parent"}, [exp.experiment_id])
     if not runs:
         return None
     for f in files:

@@ -41,8 +41,8 @@ def run_sweep_bench(steps: int = 30, concurrent: int = 1) -> dict:
 
     from sweeps.plan_file import save_plan
     from sweeps.runner import _execute, _init_ray, prepare
-    from sweeps.tracking import default_tracking_uri
     from trainer.run.loop import train
+    from trainer.run.tracking import default_tracking_uri
 
     with tempfile.TemporaryDirectory() as tmp:
         spec_file = Path(tmp) / "bench.yaml"

@@ -12,12 +12,12 @@ from ray import tune
 
 from sweeps.plan import Plan
 from sweeps.plan_file import load_plan
-from sweeps.tracking import ServerWatch, SweepTracker, cell_run_name, is_outage
 from sweeps.trainable import reported_metrics
 from trainer.config import flatten_config
 from trainer.files.run_files import RESULT_FILE
 from trainer.labels import value_label
 from trainer.model.position import encoding_identity
+from trainer.run.tracking import ServerWatch, SweepTracker, cell_run_name, identity_tags, is_outage
 
 __all__ = ["TrackingCallback", "cell_end_ms", "trial_name"]
 
@@ -106,9 +106,8 @@ class TrackingCallback(tune.Callback):
         cell = self.plan.trial_cell(trial_config)
         cfg = cell.config
         axes = ", ".join(f"{k}={value_label(v)}" for k, v in cell.values.items())
-        tags = {"dedup_group": cell.group if cell.cell_id in self._planned else "", "axes": axes}
-        identity = encoding_identity(cfg.model.pe)
-        tags.update({k: str(v) for k, v in identity.items()})
+        tags = {"dedup_group": cell.group if cell.cell_id in self._planned else "", "axes": axes,
+                **identity_tags(cfg, cell.config_hash)}
         run_id = self.tracker.cell_run(cell.cell_id, cell.config_hash, flatten_config(cfg), tags,
                                        _run_name(self.plan, trial_config))
         return cell.cell_id, run_id, Path(cfg.train.out_dir)

@@ -248,7 +248,7 @@ def ui_main(argv: list[str]) -> int:
 
     if a.name:
         from sweeps.plan_file import find_plan
-        from sweeps.tracking import default_tracking_uri
+        from trainer.run.tracking import default_tracking_uri
 
         plan = find_plan(a.name, a.storage)
         uri, experiment = default_tracking_uri(plan.root), plan.spec.name

@@ -117,12 +117,12 @@ def serve_forever(backend_uri: str, host: str = "127.0.0.1", port: int = 5000, e
 
 def _runs_link(url: str, api_url: str, experiment: str) -> str | None:
     """The runs page of `experiment` (None without one) on the server at url, asked at api_url, in the runs-table
-    view of `sweeps.tracking.share_runs_view` (stored first for a sweep that ran before the lab stored it)."""
+    view of `trainer.run.tracking.share_runs_view` (stored first for a sweep that ran before the lab stored it)."""
     if not experiment:
         return None
     import mlflow
 
-    from sweeps.tracking import RUNS_VIEW_KEY, SHARED_VIEW_TAG, runs_page, share_runs_view
+    from trainer.run.tracking import RUNS_VIEW_KEY, SHARED_VIEW_TAG, runs_page, share_runs_view
 
     client = mlflow.MlflowClient(api_url)
     found = client.get_experiment_by_name(experiment)

@@ -23,21 +23,22 @@ from sweeps.plan_file import find_plan, save_plan
 from sweeps.procs import exit_on_signals, loopback_ray, signal_exit_codes, signals_held, start_watchdog
 from sweeps.results import cell_rows, write_results
 from sweeps.spec import SweepSpec, load_spec
-from sweeps.tracking import (
-    ServerWatch,
-    SweepTracker,
-    default_tracking_uri,
-    git_commit,
-    is_outage,
-    outage_reason,
-    runs_page,
-    share_runs_view,
-)
 from sweeps.trainable import run_trial
 from trainer.files.dir_lock import hold_dir_lock
 from trainer.files.run_files import METRICS_FILE, read_metrics, write_json_atomic
 from trainer.presets import config_yaml
-from trainer.run.reporting import check_tracking_uri, quiet_mlflow_links
+from trainer.run.tracking import (
+    ServerWatch,
+    SweepTracker,
+    check_tracking_uri,
+    default_tracking_uri,
+    git_commit,
+    is_outage,
+    outage_reason,
+    quiet_mlflow_links,
+    runs_page,
+    share_runs_view,
+)
 
 __all__ = ["prepare", "resume_sweep", "run_sweep"]
 

@@ -201,7 +201,7 @@ def test_report_is_logged_to_the_sweeps_mlflow_parent_run(tiny_sweep, tmp_path):
     import mlflow
 
     from analysis.report import build_report
-    from sweeps.tracking import SweepTracker
+    from trainer.run.tracking import SweepTracker
 
     sweep = tmp_path / "copy"
     shutil.copytree(tiny_sweep, sweep, ignore=shutil.ignore_patterns("report"))

@@ -1,6 +1,6 @@
 """The MLflow UI in a real browser: headless Chromium renders a finished tiny sweep's runs page (the URL
 `hdrope ui NAME` prints): every cell's readable run name and the metric columns are in the rendered DOM, in the
-model-training view; a run's own link (`trainer.run.reporting.run_link`) opens the training view too, not the GenAI
+model-training view; a run's own link (`trainer.run.tracking.run_link`) opens the training view too, not the GenAI
 "Evaluation runs"; a screenshot is taken. Skipped where Chromium is not installed (`.ci/run` installs Debian's
 chromium)."""
 
@@ -54,7 +54,7 @@ def test_the_runs_page_shows_every_cell_by_name_in_a_real_browser(tmp_path, cach
         subprocess.run([*common, f"--screenshot={shot}", page], capture_output=True, timeout=120)
         import mlflow
 
-        from trainer.run.reporting import run_link
+        from trainer.run.tracking import run_link
 
         client = mlflow.MlflowClient(f"http://127.0.0.1:{port}")
         exp = client.get_experiment_by_name("browse")

@@ -55,7 +55,7 @@ def sweep_store(tmp_path):
     """A planned sweep with its MLflow experiment and parent run (what a sweep's driver writes before Ray)."""
     from sweeps.plan_file import save_plan
     from sweeps.runner import prepare
-    from sweeps.tracking import SweepTracker
+    from trainer.run.tracking import SweepTracker
 
     spec = tmp_path / "uisweep.yaml"
     spec.write_text(SPEC.format(storage=tmp_path / "store"))

@@ -155,7 +155,7 @@ def test_local_grid_logs_one_run_per_cell_to_a_real_mlflow_server(tmp_path, cach
 def test_ui_serves_a_sweep_store_on_localhost(tmp_path):
     from sweeps.plan_file import save_plan
     from sweeps.runner import prepare
-    from sweeps.tracking import SweepTracker
+    from trainer.run.tracking import SweepTracker
 
     plan = prepare(str(write_spec(tmp_path, "uisweep")))
     root = plan.root

@@ -8,7 +8,7 @@ import pytest
 @pytest.fixture(scope="module")
 def tracker(tmp_path_factory):
     """One store for the module (creating one takes seconds); each test has cells of its own."""
-    from sweeps.tracking import SweepTracker
+    from trainer.run.tracking import SweepTracker
 
     root = tmp_path_factory.mktemp("outage")
     return SweepTracker(f"sqlite:///{root / 'mlflow.db'}", "outage", root / "artifacts")
@@ -53,7 +53,7 @@ def test_an_outage_is_a_server_that_does_not_answer_not_a_refused_request():
     import requests
     from mlflow.exceptions import MlflowException
 
-    from sweeps.tracking import is_outage, outage_reason
+    from trainer.run.tracking import is_outage, outage_reason
 
     def raised(inner: Exception) -> MlflowException:  # as MLflow's HTTP client wraps what requests raised
         try:

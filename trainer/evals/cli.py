@@ -17,7 +17,7 @@ def _lm_eval(a: argparse.Namespace) -> int:
         from trainer.evals.lm_harness import run_lm_eval
     except ImportError as err:
         raise UserError(f"lm-evaluation-harness is not installed ({err}); `pip install -e '.[eval]'`") from None
-    from trainer.run.reporting import check_tracking_uri, log_eval_metrics
+    from trainer.run.tracking import check_tracking_uri, log_eval_metrics
     from trainer.run.trained import run_config
 
     if a.tracking_uri:
@@ -26,11 +26,8 @@ def _lm_eval(a: argparse.Namespace) -> int:
     metrics = run_lm_eval(Path(a.checkpoint), tasks, a.include_path or None, a.limit or None, a.max_length or None)
     print(json.dumps(metrics, indent=1))
     if a.tracking_uri:
-        from trainer.config import config_hash
-
         cfg = run_config(Path(a.checkpoint))
-        runs = log_eval_metrics(a.tracking_uri, config_hash(cfg), metrics, int(cfg.train.steps), "hdrope-lm-eval",
-                                f"{cfg.name}-lm-eval")
+        runs = log_eval_metrics(a.tracking_uri, cfg, metrics, int(cfg.train.steps), "hdrope-lm-eval")
         print(f"logged to MLflow run(s) {', '.join(runs)}")
     return 0
 

@@ -29,11 +29,11 @@ def train_main(argv: list[str]) -> int:
     args = p.parse_intermixed_args(argv)  # flags may come before, between or after the overrides
 
     from hdrope.errors import UserError
-    from trainer.config import config_hash
     from trainer.presets import load_config
     from trainer.run.distributed import STRATEGIES, join_torchrun_group
     from trainer.run.loop import TrainingDiverged, train
-    from trainer.run.reporting import MLflowReporter, ProgressReporter, Reporters, check_tracking_uri
+    from trainer.run.reporting import ProgressReporter, Reporters
+    from trainer.run.tracking import MLflowReporter, check_tracking_uri, identity_tags
 
     if args.strategy not in STRATEGIES:
         raise UserError(f"--strategy {args.strategy!r}: choose one of {', '.join(sorted(STRATEGIES))}")
@@ -43,7 +43,7 @@ def train_main(argv: list[str]) -> int:
     with join_torchrun_group(cfg.train.device) as rank:
         reporters = [] if args.no_progress or rank else [ProgressReporter()]
         if args.tracking_uri and not rank:
-            tags = {"config_hash": config_hash(cfg), "preset": args.config}
+            tags = {**identity_tags(cfg), "preset": args.config}
             reporters.append(MLflowReporter(args.tracking_uri, args.experiment, cfg.name, tags))
         try:
             result = train(cfg, Reporters(*reporters), strategy=args.strategy)

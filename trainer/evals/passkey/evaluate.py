@@ -123,15 +123,10 @@ def evaluate_dataset(checkpoint: Path, dataset: Path, out: Path | None = None, m
                          target_length=table["bucket_u"], depth_target=table["depth_bin"], correct=table["accuracy"])
     out = out or dataset / f"eval_{chash}.parquet"
     table.to_parquet(out, index=False)
-    if tracking_uri:
-        import mlflow
+    if tracking_uri:  # onto the trained model's runs (by config hash), as `hdrope eval lm-eval` does
+        from trainer.run.tracking import log_eval_metrics
 
-        client = mlflow.MlflowClient(tracking_uri)
-        exp = client.get_experiment_by_name("hdrope-passkey")
-        exp_id = exp.experiment_id if exp else client.create_experiment("hdrope-passkey")
-        run = client.create_run(exp_id, run_name=f"{cfg.name}-{chash}", tags={"config_hash": chash})
-        for u, g in raw.groupby("bucket_u"):
-            client.log_metric(run.info.run_id, f"passkey_acc_U{u}", float(g["correct"].mean()))
-        client.log_metric(run.info.run_id, "passkey_acc", float(raw["correct"].mean()))
-        client.set_terminated(run.info.run_id)
+        metrics = {f"passkey_acc_U{u}": float(g["correct"].mean()) for u, g in raw.groupby("bucket_u")}
+        log_eval_metrics(tracking_uri, cfg, {**metrics, "passkey_acc": float(raw["correct"].mean())},
+                         int(cfg.train.steps), "hdrope-passkey")
     return out

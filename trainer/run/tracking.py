@@ -1,7 +1,12 @@
-"""MLflow tracking for sweeps, written by one process (the driver), exactly one run per cell.
+"""The lab's one gateway to MLflow: the default store, experiments, a run's identity tags, run lookup by tags, metric,
+param and artifact logging, run status and links, and riding out a tracking server that does not answer.
 
-Run identity lives in MLflow itself: a parent run tagged (sweep, role=parent) and one child per
-cell tagged (sweep, cell_id, config_hash). `cell_run` finds before it creates, so a restarted
+A run's identity is the same whoever creates it (`identity_tags`: config hash, encoding identity, seed): a sweep
+cell, `hdrope train --tracking-uri`, and the evaluations that attach to a trained model's runs by its config hash
+(`log_eval_metrics`: `hdrope passkey eval`, `hdrope eval lm-eval`).
+
+A sweep is written by one process (its driver), exactly one run per cell: a parent run tagged (sweep, role=parent)
+and one child per cell tagged (sweep, cell_id) and its identity. `cell_run` finds before it creates, so a restarted
 driver or a retried trial reuses the same run. Every numeric metric the trainer reports is logged
 at the step it was computed; one already logged at a step is not logged again when a trial replays
 steps after restoring a checkpoint, or when the end of a sweep copies a cell's metrics.jsonl.
@@ -24,26 +29,95 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from hdrope.errors import UserError
+from trainer.config import RunConfig, config_hash
 from trainer.labels import value_label
-from trainer.model.position import identity_keys
-from trainer.run.reporting import EXPERIMENT_KIND_TAG, MODEL_TRAINING, TRAINING_VIEW, log_params
+from trainer.model.position import encoding_identity, identity_keys
+from trainer.run.reporting import Reporter
 
 __all__ = [
     "EXPERIMENT_KIND_TAG",
     "MODEL_TRAINING",
+    "TRAINING_VIEW",
+    "MLflowReporter",
     "ServerWatch",
     "SweepTracker",
     "bound_http_retries",
     "cell_run_name",
+    "check_tracking_uri",
     "default_tracking_uri",
+    "experiment",
     "git_commit",
+    "identity_tags",
     "is_outage",
+    "log_eval_metrics",
+    "log_params",
     "outage_reason",
+    "quiet_mlflow_links",
+    "run_link",
     "runs_page",
     "runs_view",
+    "runs_with",
     "server_answers",
     "share_runs_view",
 ]
+
+# MLflow 3's UI opens an experiment tagged as model training on its runs (not the GenAI overview); a page whose URL
+# lacks TRAINING_VIEW falls back to the browser's stored view, GenAI by default ("Evaluation runs").
+EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
+TRAINING_VIEW = "workflowType=machine_learning"
+
+
+def run_link(base_url: str, experiment_id: str, run_id: str) -> str:
+    """The MLflow UI page of one run, in the model-training view."""
+    return f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{TRAINING_VIEW}"
+
+
+def quiet_mlflow_links() -> None:
+    """Stop MLflow's own 'View run at' lines (their links open the GenAI view); the lab prints `run_link`s."""
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+
+
+def log_params(client, run_id: str, params: dict[str, Any]) -> None:
+    """Log params to an MLflow run in batches of 100 (values cut to MLflow's 6000-character limit)."""
+    from mlflow.entities import Param
+
+    items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+    for i in range(0, len(items), 100):
+        client.log_batch(run_id, params=items[i : i + 100])
+
+
+def default_tracking_uri(directory: Path) -> str:
+    """The MLflow store of a sweep (or any directory that keeps its own): directory/mlflow.db."""
+    return f"sqlite:///{Path(directory) / 'mlflow.db'}"
+
+
+def experiment(client: Any, name: str, artifact_dir: Path | None = None) -> str:
+    """The id of experiment `name`, created on first use, marked as model training. A local store keeps artifacts
+    in `artifact_dir`, or beside its database (mlartifacts/), never in ./mlruns of whoever ran the command."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    uri = str(client.tracking_uri)
+    location = None
+    if uri.startswith("sqlite:///"):
+        where = artifact_dir or Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts"
+        location = Path(where).resolve().as_uri()
+    return client.create_experiment(name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
+
+
+def identity_tags(cfg: RunConfig, chash: str | None = None) -> dict[str, str]:
+    """The tags that say which model a run trained: its config hash, encoding identity and seed (the same for a
+    sweep cell, a `hdrope train` run and the evaluations that attach to them)."""
+    identity = {k: str(v) for k, v in encoding_identity(cfg.model.pe).items()}
+    return {"config_hash": chash or config_hash(cfg), **identity, "seed": str(cfg.train.seed)}
+
+
+def runs_with(client: Any, tags: dict[str, str], experiment_ids: list[str] | None = None) -> list[Any]:
+    """The runs carrying every tag in `tags` (in these experiments, or in any)."""
+    ids = experiment_ids if experiment_ids is not None else [e.experiment_id for e in client.search_experiments()]
+    query = " and ".join(f"tags.{k} = '{v}'" for k, v in tags.items())
+    return client.search_runs(ids, filter_string=query) if ids else []
 
 SHARED_VIEW_TAG = "mlflow.sharedViewState."  # MLflow UI: a stored runs-table view, opened by ?viewStateShareKey=
 RUNS_VIEW_KEY = "hdrope-runs"  # the sweep's runs-table view, stored as MLflow's shared view state of that key
@@ -84,11 +158,6 @@ def runs_page(base_url: str, experiment_id: str, view_key: str = RUNS_VIEW_KEY) 
     The page takes the order from the stored view only when the URL holds no order of its own."""
     return (f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs?{TRAINING_VIEW}"
             f"&viewStateShareKey={view_key}")
-
-
-def default_tracking_uri(root: Path) -> str:
-    """The sweep's own SQLite store (the driver is its only writer)."""
-    return f"sqlite:///{root / 'mlflow.db'}"
 
 
 def git_commit() -> str:
@@ -191,12 +260,7 @@ class SweepTracker:
         if uri.startswith(("http://", "https://")):
             bound_http_retries()
         self.client = mlflow.MlflowClient(uri)
-        exp = self.client.get_experiment_by_name(sweep)
-        if exp is None:  # a local store keeps artifacts in the sweep dir, not in ./mlruns of whoever ran it
-            location = artifact_root.resolve().as_uri() if artifact_root and uri.startswith("sqlite") else None
-            self.experiment_id = self.client.create_experiment(sweep, artifact_location=location)
-        else:
-            self.experiment_id = exp.experiment_id
+        self.experiment_id = experiment(self.client, sweep, artifact_root)
         self._runs: dict[str, str] = {}
         self._last_step: dict[tuple[str, str], int] = {}
 
@@ -210,8 +274,7 @@ class SweepTracker:
 
     def _find(self, params: dict[str, Any], **tags: str) -> str | None:
         """The run with these tags; params it lacks (its creator was cut off before logging them) are logged."""
-        query = " and ".join(f"tags.{k} = '{v}'" for k, v in tags.items())
-        found = self.client.search_runs([self.experiment_id], filter_string=query, max_results=2)
+        found = runs_with(self.client, tags, [self.experiment_id])
         if not found:
             return None
         run = found[0]
@@ -318,3 +381,83 @@ def _finite(metrics: dict[str, Any]) -> dict[str, float]:
     """The finite numeric values of a record (booleans, strings and NaN/inf left out)."""
     return {k: float(v) for k, v in metrics.items()
             if not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)}
+
+
+class MLflowReporter(Reporter):
+    """Logs params, metrics with steps and artifacts to one MLflow run."""
+
+    def __init__(self, tracking_uri: str, experiment_name: str, run_name: str,
+                 tags: dict[str, str] | None = None) -> None:
+        import mlflow
+
+        quiet_mlflow_links()
+        self.uri = tracking_uri
+        self.client = mlflow.MlflowClient(tracking_uri)
+        self.experiment_id = experiment(self.client, experiment_name)
+        self.run_id = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags or {}).info.run_id
+
+    def start(self, run_dir, params, total_steps, start_step):
+        log_params(self.client, self.run_id, params)
+
+    def log(self, step, metrics):
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step) for k, v in metrics.items()]
+        self.client.log_batch(self.run_id, metrics=batch)
+
+    def artifact(self, path, kind):
+        self.client.log_artifact(self.run_id, str(path), artifact_path=kind)
+
+    def finish(self, status, error=None):
+        if error:
+            self.client.set_tag(self.run_id, "error", error[:5000])
+        self.client.set_terminated(self.run_id, status)
+        if self.uri.startswith(("http://", "https://")):
+            print(f"MLflow run: {run_link(self.uri, self.experiment_id, self.run_id)}", file=sys.stderr)
+
+
+def log_eval_metrics(tracking_uri: str, cfg: RunConfig, metrics: dict[str, float], step: int,
+                     experiment_name: str) -> list[str]:
+    """Log an evaluation's metrics at `step` to every MLflow run of this model (found by its config_hash tag, in any
+    experiment: a sweep cell's run, a `hdrope train` run), or to a new run with the model's identity tags in
+    `experiment_name` when none exists; returns the run ids."""
+    import time
+
+    import mlflow
+    from mlflow.entities import Metric
+
+    client = mlflow.MlflowClient(tracking_uri)
+    tags = identity_tags(cfg)
+    runs = [r.info.run_id for r in runs_with(client, {"config_hash": tags["config_hash"]})]
+    if not runs:
+        print(f"MLflow at {tracking_uri} has no run of config {tags['config_hash']}; logging to a new run in "
+              f"experiment {experiment_name!r}", file=sys.stderr)
+        run = client.create_run(experiment(client, experiment_name), run_name=cfg.name, tags=tags)
+        client.set_terminated(run.info.run_id)
+        runs = [run.info.run_id]
+    now = int(time.time() * 1000)
+    for run_id in runs:
+        client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+    return runs
+
+
+def check_tracking_uri(uri: str, flag: str = "--tracking-uri") -> None:
+    """UserError naming the flag when a local MLflow store (sqlite:/// or file:/ path) cannot be created where asked."""
+    from urllib.parse import urlparse
+
+    if not uri or uri.startswith(("http://", "https://", "databricks")):
+        return
+    parsed = urlparse(uri)
+    path = Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else Path(parsed.path or uri)
+    if uri.startswith("sqlite:") and not uri.startswith("sqlite:///"):
+        raise UserError(f"{flag} {uri}: a SQLite store is sqlite:///ABSOLUTE/PATH/mlflow.db (three slashes)")
+    for parent in [path, *path.parents]:
+        if parent.exists():
+            if parent != path and not parent.is_dir():
+                raise UserError(f"{flag} {uri}: {parent} is a file, so the store cannot be created under it; "
+                                "point the URI at a directory path")
+            break
+
