@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from hdrope.errors import UserError
+from trainer.evals.passkey.table import read_passkey_table
 
 __all__ = [
     "SCALAR_COLUMNS",
@@ -195,7 +196,7 @@ def load_passkey(sweep_dir: str | Path) -> pd.DataFrame:
     frames = []
     for _, cell in sweep_cells(sweep_dir).iterrows():
         if cell["passkey_path"].is_file():
-            t = pq.read_table(cell["passkey_path"]).to_pandas()
+            t = read_passkey_table(cell["passkey_path"]).to_pandas()
             t["cell_id"], t["variant"], t["variant_rank"] = cell["cell_id"], cell["variant"], cell["variant_rank"]
             frames.append(t)
     if not frames:

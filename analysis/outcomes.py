@@ -15,18 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
 
-from hdrope.errors import UserError
 from trainer.config import COST_METRICS
+from trainer.evals.passkey.table import read_passkey_table
 from trainer.files.run_files import read_metrics
 
 __all__ = ["COST_METRICS", "cost_table", "is_proportion", "outcome_metrics", "read_passkey", "seed_values"]
 
 _LM_PROPORTION = re.compile(r"^lm_(?P<task>.+)_(acc|acc_norm|exact_match)$")
-PASSKEY_COLUMNS = ("target_length", "depth", "depth_target", "correct")
-
-
 def _lm_count_column(metric: str) -> str | None:
     m = _LM_PROPORTION.match(metric)
     return f"lm_{m['task']}_n" if m else None
@@ -47,19 +43,7 @@ def is_proportion(cells: pd.DataFrame, metric: str) -> bool:
 
 def read_passkey(path: Path) -> pd.DataFrame:
     """One cell's passkey table (a row per prompt); UserError naming the file when it is damaged or foreign."""
-    fix = "rerun the cell (or delete the file to report without it)"
-    try:
-        table = pq.read_table(path)
-    except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError, its IO errors are OSErrors
-        raise UserError(f"{path}: unreadable passkey table ({type(err).__name__}: truncated or not Parquet); "
-                        f"{fix}") from None
-    missing = [c for c in PASSKEY_COLUMNS if c not in table.column_names]
-    if missing:
-        raise UserError(f"{path}: not a passkey table of this version (missing columns {missing}); {fix}")
-    df = table.to_pandas()
-    if df["correct"].dtype != bool:
-        raise UserError(f"{path}: column 'correct' is {df['correct'].dtype}, not bool; {fix}")
-    return df
+    return read_passkey_table(path).to_pandas()
 
 
 def _counts(cells: pd.DataFrame, metric: str) -> tuple[np.ndarray, np.ndarray]:

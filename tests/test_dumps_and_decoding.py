@@ -111,8 +111,11 @@ def test_passkey_prompts_hit_length_and_depth():
             pr = p.build(length, depth, 31337)
             total = len(pr.prompt) + len(pr.answer)
             assert length - 30 < total <= length  # within one filler sentence of the target
-            assert abs(pr.depth - depth) <= 1 / (pr.x + pr.y)
             text = tok.decode(pr.prompt)
+            key, question = " The pass key is 31337. Remember it. 31337 is the pass key.", " What is the pass key?"
+            before, after = text.index(key), text.index(question) - text.index(key) - len(key)
+            assert pr.depth == before / (before + after)  # the fraction of filler (bytes = tokens) before the key
+            assert abs(pr.depth - depth) <= max(map(len, p.units)) / (before + after)  # within one filler sentence
             assert "The pass key is 31337. Remember it. 31337 is the pass key." in text
             assert text.endswith("What is the pass key? The pass key is") and tok.decode(pr.answer) == " 31337"
     assert first_integer(" 4521. The") == "4521" and first_integer("none") is None

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 from trainer.data.tokenizer import ByteTokenizer
@@ -110,15 +111,73 @@ def test_evaluator_scores_a_checkpoint_into_a_parquet_table(tmp_path, tiny_cfg, 
                           str(tmp_path / "ds"), "--no-progress", "--tracking-uri", uri],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    table = pd.read_parquet(out.stdout.strip().splitlines()[-1])
-    assert set(table["bucket_u"]) == {512, 768}
-    assert table["n"].sum() == len(files_of(tmp_path / "ds")) and table["accuracy"].between(0, 1).all()
+    from trainer.evals.passkey.table import PASSKEY_SCHEMA, read_passkey_table
+
+    path = out.stdout.strip().splitlines()[-1]
+    assert pq.read_schema(path).remove_metadata() == PASSKEY_SCHEMA  # the one schema, as training writes it
+    table = read_passkey_table(path).to_pandas()
+    assert set(table["target_length"]) == {512, 768}
+    assert len(table) == len(files_of(tmp_path / "ds")) and table["correct"].dtype == bool
+    assert ((table["length"] > 256) & (table["length"] <= table["target_length"])).all()
     assert (table["rotation_dim"] == 4).all() and (table["config_hash"] == run.config_hash).all()
     import mlflow
 
     client = mlflow.MlflowClient(uri)
     (r,) = client.search_runs([client.get_experiment_by_name("hdrope-passkey").experiment_id])
     assert {"passkey_acc", "passkey_acc_U512", "passkey_acc_U768"} <= set(r.data.metrics)
+
+
+def test_training_the_builder_and_the_evaluator_assemble_prompts_and_place_keys_alike(tmp_path, cache_dir):
+    """One assembler (`prompt_parts`) and one depth (the fraction of filler tokens before the key): the builder's
+    questions are its text, the training prompter's tokens are its parts tokenized, and the depth each reports (the
+    evaluator's from the builder's file names) is the one measured on the prompt itself."""
+    from trainer.config import PasskeyFormat
+    from trainer.data.passkey_prompt import PasskeyPrompter, filler_sentences, key_depth, prompt_parts
+    from trainer.evals.passkey.builder import FILE_NAME
+
+    fmt = PasskeyFormat()
+    tok = ByteTokenizer()
+
+    def measured(text: str, passkey: object) -> float:
+        key = fmt.key.replace("{k}", str(passkey))
+        start, end = text.index(key), text.index(fmt.question, text.index(key))
+        return key_depth(start - len(fmt.header), end - start - len(key))
+
+    build_dataset(tok, BuildConfig(**{**MULTI, "max_len": 768, "lines_per_file": 1}), tmp_path / "ds",
+                  cache_dir=cache_dir)
+    for f in files_of(tmp_path / "ds"):
+        name = FILE_NAME.match(f.name)
+        item = json.loads(f.read_text().splitlines()[0])
+        assert item["question"] == "".join(prompt_parts(fmt, [fmt.filler], int(name["x"]), int(name["y"]),
+                                                        item["answer"]))
+        assert key_depth(int(name["xt"]), int(name["yt"])) == pytest.approx(measured(item["question"], item["answer"]))
+    prompter = PasskeyPrompter(tok, fmt)
+    for depth in (0.1, 0.5, 0.9):
+        p = prompter.build(1024, depth, 4242)
+        parts = prompt_parts(fmt, filler_sentences(fmt), p.x, p.y, 4242)
+        assert p.prompt == [t for part in parts for t in tok.encode(part)]
+        assert p.depth == pytest.approx(measured(tok.decode(p.prompt), 4242))
+
+
+def test_a_passkey_eval_table_of_the_old_layout_is_read_in_the_one_schema(tmp_path):
+    """`hdrope passkey eval` wrote a row per (bucket, depth bin) before issue 18: read as that many prompt rows."""
+    import pyarrow as pa
+
+    from trainer.evals.passkey.table import PASSKEY_SCHEMA, read_passkey_table
+
+    old = pd.DataFrame({"bucket_u": [512, 768], "depth_bin": [0.05, 0.95], "accuracy": [0.5, 0.0], "n": [4, 2],
+                        "pe_kind": "hdrope", "pe_label": "4D Paley", "rotation_dim": 4, "basis": "paley",
+                        "basis_seed": None, "theta": 10000.0, "scaling": "none", "config_hash": "abc",
+                        "checkpoint": "x", "target_length": [512, 768], "depth_target": [0.05, 0.95],
+                        "correct": [0.5, 0.0]})
+    old.to_parquet(tmp_path / "eval_abc.parquet", index=False)
+    table = read_passkey_table(tmp_path / "eval_abc.parquet")
+    assert table.schema == PASSKEY_SCHEMA
+    df = table.to_pandas()
+    assert df.groupby("target_length")["correct"].agg(["sum", "size"]).to_dict("index") == {
+        512: {"sum": 2, "size": 4}, 768: {"sum": 0, "size": 2}}
+    assert (df["config_hash"] == "abc").all() and (df["pe_label"] == "4D Paley").all()
+    assert pa.types.is_int32(table.schema.field("rotation_dim").type)
 
 
 def test_training_prompts_end_the_answer_so_a_model_learns_to_stop():

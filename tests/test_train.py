@@ -96,6 +96,9 @@ def test_passkey_table_and_mixture(tiny_cfg):
 
     r = train(tiny_cfg("train.steps=4", "model.max_seq_len=160", "data.passkey_ratio=0.5",
                        "eval.passkey.length_factors=[1.0,2.0]", "eval.extrapolation_batches=0"))
+    from trainer.evals.passkey.table import PASSKEY_SCHEMA
+
+    assert pq.read_schema(r.artifacts["passkey"]).remove_metadata() == PASSKEY_SCHEMA  # the one passkey schema
     t = pq.read_table(r.artifacts["passkey"]).to_pylist()
     assert len(t) == 2 * 3  # length factors x depths x samples
     assert {row["rotation_dim"] for row in t} == {4} and all(row["length"] <= 320 for row in t)

@@ -1,8 +1,11 @@
-"""LongRoPE-style passkey prompts assembled in token space.
+"""LongRoPE-style passkey prompts: the one assembler, and the one definition of the key's depth.
 
-A prompt is header ‖ filler^x ‖ key(p) ‖ filler^y ‖ question, answered by " p". The filler is
-cycled sentence by sentence, so x and y count filler sentences and lengths can be hit closely.
-Parts are tokenized separately and concatenated, so the token count is exact by construction.
+A prompt is header ‖ filler^x ‖ key(p) ‖ filler^y ‖ question, answered by " p" (`prompt_parts`). The filler
+is cycled unit by unit: a unit is one filler sentence for training prompts and the training-time evaluation
+(so lengths can be hit closely), the whole filler for the paper's dataset builder (its x and y count whole
+fillers, as the appendix writes F^x). Whatever the unit, the key's depth is the fraction of filler tokens
+before it (`key_depth`). Training prompts tokenize the parts separately and concatenate them, so their token
+count is exact by construction; the builder writes the joined text.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from hdrope.errors import UserError
 from trainer.config import PasskeyFormat
 from trainer.data.tokenizer import Tokenizer
 
-__all__ = ["PasskeyPrompt", "PasskeyPrompter", "first_integer"]
+__all__ = ["PasskeyPrompt", "PasskeyPrompter", "filler_sentences", "first_integer", "key_depth", "prompt_parts"]
 
 _INT = re.compile(r"\d+")
 
@@ -39,6 +42,25 @@ def stop_after_number(tok: Tokenizer):
     return stop
 
 
+def filler_sentences(fmt: PasskeyFormat) -> list[str]:
+    """The filler's sentences (each with its leading space): the unit training prompts cycle."""
+    return [s for s in re.split(r"(?<=[.!?])(?=\s)", fmt.filler) if s.strip()] or [fmt.filler]
+
+
+def prompt_parts(fmt: PasskeyFormat, units: list[str], x: int, y: int, passkey: int | str) -> list[str]:
+    """The texts of a prompt in order: header, x filler units, the key sentence, the next y filler units (the cycle
+    goes on past the key), the question."""
+    before = [units[i % len(units)] for i in range(x)]
+    after = [units[i % len(units)] for i in range(x, x + y)]
+    return [fmt.header, *before, fmt.key.replace("{k}", str(passkey)), *after, fmt.question]
+
+
+def key_depth(filler_before: int, filler_after: int) -> float:
+    """Where the key sits: the fraction of the prompt's filler tokens that come before it (0 with no filler)."""
+    total = filler_before + filler_after
+    return filler_before / total if total else 0.0
+
+
 @dataclass
 class PasskeyPrompt:
     """Token ids of one prompt and its answer, with the key's place."""
@@ -48,11 +70,7 @@ class PasskeyPrompt:
     passkey: int
     x: int  # filler sentences before the key
     y: int  # filler sentences after the key
-
-    @property
-    def depth(self) -> float:
-        """Relative depth of the key, x / (x + y) (0 when there is no filler)."""
-        return self.x / (self.x + self.y) if self.x + self.y else 0.0
+    depth: float  # key_depth: the fraction of filler tokens before the key
 
 
 class PasskeyPrompter:
@@ -60,22 +78,18 @@ class PasskeyPrompter:
 
     def __init__(self, tok: Tokenizer, fmt: PasskeyFormat) -> None:
         self.tok, self.fmt = tok, fmt
-        sentences = [s for s in re.split(r"(?<=[.!?])(?=\s)", fmt.filler) if s.strip()]
-        self.units = [tok.encode(s) for s in sentences] or [tok.encode(fmt.filler)]
+        self.sentences = filler_sentences(fmt)
+        self.units = [tok.encode(s) for s in self.sentences]
         self.header = tok.encode(fmt.header) if fmt.header else []
         self.question = tok.encode(fmt.question)
+        self._known = {**dict(zip(self.sentences, self.units, strict=True)), fmt.header: self.header,
+                       fmt.question: self.question}
         self.end = tok.encode(".")  # what follows the answer in training prompts
         longest = tok.encode(fmt.key.replace("{k}", str(fmt.max_key)))
         self.fixed = len(self.header) + len(longest) + len(self.question) + len(self.answer_ids(fmt.max_key))
 
     def answer_ids(self, passkey: int) -> list[int]:
         return self.tok.encode(f" {passkey}")
-
-    def _filler(self, start: int, count: int) -> list[int]:
-        out: list[int] = []
-        for i in range(start, start + count):
-            out += self.units[i % len(self.units)]
-        return out
 
     def _filler_len(self, start: int, count: int) -> int:
         return sum(len(self.units[i % len(self.units)]) for i in range(start, start + count))
@@ -97,9 +111,16 @@ class PasskeyPrompter:
             )
         x = round(min(max(depth, 0.0), 1.0) * s)
         y = s - x
-        key = self.tok.encode(self.fmt.key.replace("{k}", str(passkey)))
-        prompt = self.header + self._filler(0, x) + key + self._filler(x, y) + self.question
-        return PasskeyPrompt(prompt, self.answer_ids(passkey), passkey, x, y)
+        parts = prompt_parts(self.fmt, self.sentences, x, y, passkey)
+        prompt = [t for part in parts for t in self._ids(part)]
+        depth = key_depth(self._filler_len(0, x), self._filler_len(x, y))
+        return PasskeyPrompt(prompt, self.answer_ids(passkey), passkey, x, y, depth)
+
+    def _ids(self, part: str) -> list[int]:
+        """A part's tokens (the fixed parts from the cache; an empty header is no tokens)."""
+        if part not in self._known:
+            return self.tok.encode(part) if part else []
+        return self._known[part]
 
     def sample_training(self, length: int, rng: np.random.Generator) -> list[int]:
         """Prompt, answer and a closing "." of a random key at a random depth, at most `length` tokens.

@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 
@@ -39,8 +37,9 @@ from trainer.data.passkey_prompt import PasskeyPrompter
 from trainer.data.shard_tokens import load_shards
 from trainer.data.token_cache import TokenData, cached_tokens
 from trainer.data.tokenizer import Tokenizer, load_tokenizer
-from trainer.evals.attention_dump import DumpIds, check_budget, dump_attention, identity_arrays
+from trainer.evals.attention_dump import DumpIds, check_budget, dump_attention
 from trainer.evals.evaluate import Autocast, evaluate_passkey, evaluate_validation
+from trainer.evals.passkey.table import write_passkey_table
 from trainer.files.dir_lock import hold_dir_lock
 from trainer.files.run_files import (
     METRICS_FILE,
@@ -163,15 +162,6 @@ def _check_lengths(cfg: RunConfig, data: DataBundle) -> None:
     if cfg.dump.enabled:
         check_budget(cfg.dump, cfg.model.n_layers, cfg.model.n_heads, seq)
         check_length(data.tokens.val, cfg.dump.seq_len or seq, "dump.seq_len")
-
-
-def _write_passkey_table(rows: list[dict], cfg: RunConfig, chash: str, path: Path) -> None:
-    table = pa.Table.from_pylist(rows)
-    extra = {"run_name": pa.array([cfg.name] * len(table)), "config_hash": pa.array([chash] * len(table)),
-             **identity_arrays(encoding_identity(cfg.model.pe), len(table))}
-    for k, v in extra.items():
-        table = table.append_column(k, v)
-    pq.write_table(table, path)
 
 
 def _checkpoint_step(path: Path) -> int:
@@ -425,7 +415,7 @@ def _finish(run: _Run, stop_reason: str, window_steps: int) -> TrainResult:
                                pk.depths, pk.samples, pk.max_new_tokens, cfg.train.seed, run.autocast)
         final["passkey_acc"] = res.accuracy
         artifacts["passkey"] = run.run_dir / "passkey.parquet"
-        _write_passkey_table(res.rows, cfg, run.chash, artifacts["passkey"])
+        write_passkey_table(res.rows, cfg, run.chash, artifacts["passkey"])
     if cfg.dump.enabled:
         length = cfg.dump.seq_len or cfg.model.max_seq_len
         probe = val_windows(run.data.tokens.val, length, cfg.dump.samples)[:, :length]

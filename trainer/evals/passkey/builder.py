@@ -32,12 +32,13 @@ import numpy as np
 
 from hdrope.errors import UserError
 from trainer.config import PasskeyFormat
+from trainer.data.passkey_prompt import prompt_parts
 from trainer.data.tokenizer import Tokenizer
 from trainer.files.cache import cache_root
 
 __all__ = ["FILE_NAME", "BuildConfig", "PlannedFile", "build_dataset", "passkey_pool", "plan_dataset", "validate"]
 
-FILE_NAME = re.compile(r"^x(\d+)_y(\d+)_xt\d+_yt\d+_T(\d+)\.jsonl$")  # PlannedFile.name: groups x, y, T
+FILE_NAME = re.compile(r"^x(?P<x>\d+)_y(?P<y>\d+)_xt(?P<xt>\d+)_yt(?P<yt>\d+)_T(?P<T>\d+)\.jsonl$")  # PlannedFile.name
 _OWNED_FILES = ("dataset_meta.json", "summary.json")  # written beside the bucket directories
 
 # Sanity bounds, each far past the paper's settings, checked before anything large is allocated.
@@ -133,7 +134,8 @@ def _check_size(cfg: BuildConfig) -> None:
 
 
 def _question(fmt: PasskeyFormat, x: int, y: int, passkey: int | str) -> str:
-    return fmt.header + fmt.filler * x + fmt.key.replace("{k}", str(passkey)) + fmt.filler * y + fmt.question
+    """The prompt's text by the one assembler, x and y counting whole fillers (the appendix's F^x)."""
+    return "".join(prompt_parts(fmt, [fmt.filler], x, y, passkey))
 
 
 def passkey_pool(tok: Tokenizer, cfg: BuildConfig, cache_dir: str = "") -> list[int]:

@@ -2,8 +2,8 @@
 
 Decoding is greedy with the trainer's model and KV cache (the same position handling as training).
 A line is correct when the first integer generated equals the answer (exact match, also for
-multi-token passkeys). The table has one row per (bucket U, relative-depth bin): accuracy, n, and
-the rotation config; `target_length`/`depth_target`/`correct` aliases feed the analysis polar fan.
+multi-token passkeys). The table is the one passkey table (`trainer.evals.passkey.table`): a row per
+line, target_length the bucket's upper edge U and depth the key's by `key_depth` (from the file's xt, yt).
 The arguments, dataset_meta.json and every JSONL line are checked before the model is loaded, so a
 bad line is reported by file and line number up front, not after hours of decoding.
 """
@@ -19,10 +19,10 @@ import torch
 
 from hdrope.errors import UserError
 from trainer.config import config_hash
-from trainer.data.passkey_prompt import first_integer, stop_after_number
+from trainer.data.passkey_prompt import first_integer, key_depth, stop_after_number
 from trainer.evals.passkey.builder import FILE_NAME
+from trainer.evals.passkey.table import write_passkey_table
 from trainer.model.generate import greedy_generate
-from trainer.model.position import encoding_identity
 from trainer.run.trained import load_trained, run_config, run_tokenizer
 
 __all__ = ["evaluate_dataset"]
@@ -68,6 +68,8 @@ def _parse_line(path: Path, number: int, line: str) -> dict[str, str]:
         if not isinstance(item, dict) or not isinstance(item.get(key), str):
             raise UserError(f"{path}:{number}: no {key!r} string in {line[:60]!r}; each line must be "
                             f'{{"question": "...", "answer": "..."}}; {fix}')
+    if not item["answer"].isdigit():
+        raise UserError(f"{path}:{number}: answer {item['answer'][:20]!r} is not a passkey (digits); {fix}")
     return item
 
 
@@ -107,26 +109,23 @@ def evaluate_dataset(checkpoint: Path, dataset: Path, out: Path | None = None, m
     from tqdm import tqdm
 
     for f in tqdm(files, disable=not progress, unit="file"):
-        x, y, t = map(int, FILE_NAME.match(f.name).groups())
-        for item in _read_items(f, max_lines_per_file):
+        name = FILE_NAME.match(f.name)
+        bucket, depth = int(f.parent.name), key_depth(int(name["xt"]), int(name["yt"]))
+        for sample, item in enumerate(_read_items(f, max_lines_per_file)):
             ids = tok.encode(item["question"])
             with torch.no_grad():
                 gen = greedy_generate(model, ids, len(tok.encode(" " + item["answer"])) + 3, stop)
-            rows.append({"bucket_u": int(f.parent.name), "x": x, "y": y, "tokens": t, "depth": x / (x + y),
-                         "correct": first_integer(tok.decode(gen)) == item["answer"]})
-    raw = pd.DataFrame(rows)
-    raw["depth_bin"] = (raw["depth"] * 10).clip(upper=9.999).astype(int) / 10 + 0.05
-    table = raw.groupby(["bucket_u", "depth_bin"], as_index=False).agg(accuracy=("correct", "mean"),
-                                                                       n=("correct", "size"))
+            text = tok.decode(gen)
+            rows.append({"length": len(ids), "target_length": bucket, "length_factor": bucket / cfg.model.max_seq_len,
+                         "depth": depth, "depth_target": depth, "sample": sample, "passkey": int(item["answer"]),
+                         "generated": text, "correct": first_integer(text) == item["answer"]})
     chash = config_hash(cfg)
-    table = table.assign(**encoding_identity(cfg.model.pe), config_hash=chash, checkpoint=str(checkpoint),
-                         target_length=table["bucket_u"], depth_target=table["depth_bin"], correct=table["accuracy"])
-    out = out or dataset / f"eval_{chash}.parquet"
-    table.to_parquet(out, index=False)
+    out = write_passkey_table(rows, cfg, chash, out or dataset / f"eval_{chash}.parquet")
+    raw = pd.DataFrame(rows)
     if tracking_uri:  # onto the trained model's runs (by config hash), as `hdrope eval lm-eval` does
         from trainer.run.tracking import log_eval_metrics
 
-        metrics = {f"passkey_acc_U{u}": float(g["correct"].mean()) for u, g in raw.groupby("bucket_u")}
+        metrics = {f"passkey_acc_U{u}": float(g["correct"].mean()) for u, g in raw.groupby("target_length")}
         log_eval_metrics(tracking_uri, cfg, {**metrics, "passkey_acc": float(raw["correct"].mean())},
                          int(cfg.train.steps), "hdrope-passkey")
     return out
