@@ -1,7 +1,7 @@
 """Reading stored results: attention dumps, logit profiles, passkey tables and sweep results.
 
 Dumps are streamed one row group (one layer) at a time, so memory stays bounded by one layer's
-selection. A truncated, foreign or wrong-schema file raises a ValueError that says which file and
+selection. A truncated, foreign or wrong-schema file raises a UserError that says which file and
 what is wrong, never a traceback from inside pyarrow.
 """
 
@@ -36,10 +36,11 @@ __all__ = [
 SCALAR_COLUMNS = ["run_id", "config_hash", "step", "sample", "layer", "head", "seq_len", "pe_kind", "pe_label",
                   "rotation_dim", "basis", "basis_seed", "theta", "scaling", "entropy", "erank"]
 _SCHEMA_KEY = b"hdrope.dump_schema"
+_DAMAGED = (pa.ArrowException, OSError)  # what pyarrow raises for a damaged file (ArrowInvalid, OSError for thrift)
 
 
-def _truncated(path: Path | str, group: int, err: Exception) -> ValueError:
-    return ValueError(f"{path}: row group {group} is unreadable ({type(err).__name__}); the file is truncated")
+def _truncated(path: Path | str, group: int, err: Exception) -> UserError:
+    return UserError(f"{path}: row group {group} is unreadable ({type(err).__name__}); the file is truncated")
 
 
 def open_dump(path: str | Path, kind: str = "attention") -> pq.ParquetFile:
@@ -49,7 +50,7 @@ def open_dump(path: str | Path, kind: str = "attention") -> pq.ParquetFile:
         raise UserError(f"{path}: no such dump file")
     try:
         pf = pq.ParquetFile(path)
-    except Exception as err:
+    except _DAMAGED as err:
         why = type(err).__name__
         raise UserError(f"{path}: not a readable Parquet file (truncated or not Parquet: {why})") from None
     meta = pf.schema_arrow.metadata or {}
@@ -103,7 +104,7 @@ def load_stats(path: str | Path, layers=None, heads=None) -> pd.DataFrame:
     for i in range(pf.num_row_groups):
         try:
             t = pf.read_row_group(i, columns=[c for c in SCALAR_COLUMNS if c in pf.schema_arrow.names])
-        except Exception as err:
+        except _DAMAGED as err:
             raise _truncated(path, i, err) from None
         frames.append(_filter(t, layers, heads, None).to_pandas())
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=SCALAR_COLUMNS)
@@ -115,7 +116,7 @@ def iter_maps(path: str | Path, layers=None, heads=None, samples=None) -> Iterat
     for i in range(pf.num_row_groups):
         try:
             t = pf.read_row_group(i)
-        except Exception as err:
+        except _DAMAGED as err:
             raise _truncated(path, i, err) from None
         t = _filter(t, layers, heads, samples)
         if t.num_rows == 0:
@@ -129,7 +130,7 @@ def load_profiles(path: str | Path, layers=None, heads=None) -> pd.DataFrame:
     pf = open_dump(path, kind="profile")
     try:
         t = pf.read()
-    except Exception as err:
+    except _DAMAGED as err:
         raise UserError(f"{path}: unreadable ({type(err).__name__}); the file is truncated") from None
     df = _filter(t, layers, heads, None).to_pandas()
     df["logit_mean"] = df["logit_mean"].map(lambda v: np.asarray(v, dtype=np.float64))
@@ -164,7 +165,7 @@ def load_results(sweep_dir: str | Path) -> pd.DataFrame:
         raise UserError(f"{sweep_dir}: no results.parquet; run `hdrope sweep results NAME` first")
     try:
         table = pq.read_table(path)
-    except Exception as err:  # pyarrow raises several types for a damaged file
+    except _DAMAGED as err:
         raise UserError(f"{path}: unreadable ({type(err).__name__}); {fix}") from None
     missing = [c for c in RESULT_COLUMNS if c not in table.column_names]
     if missing:

@@ -5,7 +5,7 @@ Depends on torch and numpy only. Public API:
 - `mixing_basis`, `describe_basis`, `BASIS_KINDS`: orthogonal bases Q and their facts.
 - `HDRotary`: the position encoding module.
 - `SCALING_TYPES`, `validate_scaling`: context-extension variants with HF rope_scaling keys.
-- `UserError`: the error raised for bad user input (a ValueError that names the field, value and fix).
+- `UserError`: the error raised for bad user input (names the field, value and fix; not a ValueError).
 """
 
 import importlib

@@ -82,7 +82,7 @@ BASIS_KINDS: dict[str, Callable[[int, int], np.ndarray]] = {
 
 
 def mixing_basis(kind: str, n: int, seed: int = 0) -> np.ndarray:
-    """The orthogonal n×n float64 basis of the given kind; ValueError for unknown kinds or orders."""
+    """The orthogonal n×n float64 basis of the given kind; UserError for unknown kinds or orders."""
     if kind not in BASIS_KINDS:
         raise UserError(f"unknown basis {kind!r}; choose one of {sorted(BASIS_KINDS)}")
     if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:

@@ -60,7 +60,7 @@ def _conference(n: int) -> np.ndarray:
 
 
 def conference_matrix(n: int) -> np.ndarray:
-    """The Paley-I conference matrix of order n as int8; raises ValueError for orders without one."""
+    """The Paley-I conference matrix of order n as int8; raises UserError for orders without one."""
     if not isinstance(n, (int, np.integer)) or isinstance(n, bool):
         raise UserError(f"conference matrix order must be an integer, got {n!r}")
     n = int(n)

@@ -50,7 +50,7 @@ class BlockLayout:
 
 
 def block_layout(head_dim: int, rotation_dim: int) -> BlockLayout:
-    """Validate (head_dim, rotation_dim) and describe the layout; ValueError names the fix."""
+    """Validate (head_dim, rotation_dim) and describe the layout; UserError names the fix."""
     for name, v in (("head_dim", head_dim), ("rotation_dim", rotation_dim)):
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 2:
             raise UserError(f"{name} must be an integer ≥ 2, got {v!r}")

@@ -153,7 +153,7 @@ class GaloisField:
 
 
 def galois_field(q: int) -> GaloisField:
-    """The field with q elements; raises ValueError when q is not a prime power."""
+    """The field with q elements; raises UserError when q is not a prime power."""
     pk = prime_power(q)
     if pk is None:
         raise UserError(f"GF({q}) does not exist: {q} is not a prime power")

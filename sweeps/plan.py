@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from hdrope.errors import UserError
 from sweeps.spec import SpecError, SweepSpec, check_name
@@ -142,7 +143,11 @@ def _slug(values: dict[str, Any]) -> str:
 def _layer(items: dict[str, Any]):
     layer = OmegaConf.create({})
     for key, value in items.items():
-        OmegaConf.update(layer, ALIASES.get(key, key), copy.deepcopy(value), force_add=True)
+        try:
+            OmegaConf.update(layer, ALIASES.get(key, key), copy.deepcopy(value), force_add=True)
+        except (OmegaConfBaseException, ValueError):  # omegaconf: ValueError for a dotted key into a list's items
+            raise UserError(f"spec: {key}={value!r} cannot be set: another key of the same section makes a list "
+                            "above it; set the list itself or its items, not both") from None
     return layer
 
 
@@ -307,7 +312,7 @@ def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
         where = f"cell {cell_id} ({', '.join(f'{k}={v!r}' for k, v in values.items()) or 'no axes'})"
         try:
             cfg = cell_config(spec, values, cell_id, root / "cells" / cell_id, base)
-        except ValueError as err:
+        except UserError as err:
             problems.append(f"{where}: {str(err).split(': ', 1)[-1]}")
             continue
         errs = config_errors(cfg) + _split_problems(cfg, spec.resources.workers)
@@ -324,7 +329,7 @@ def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
                 value = int(value) if dim.type == "int" else value
                 try:
                     errs = config_errors(cell_config(spec, {key: value}, "probe", root / "cells" / "probe", base))
-                except ValueError as err:
+                except UserError as err:
                     errs = [str(err).split(": ", 1)[-1]]
                 problems.extend(f"search.space.{key}={value!r}: {e}" for e in errs)
     if problems:

@@ -14,7 +14,6 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from yaml import YAMLError
 
 from hdrope.errors import UserError
 from sweeps.plan import Cell, Plan
@@ -75,7 +74,7 @@ def _yaml(text: Any, where: str) -> DictConfig:
     """A YAML mapping stored in a plan, with no interpolations; UserError when it is not one."""
     try:
         node = OmegaConf.create(text) if isinstance(text, str) else None
-    except (YAMLError, OmegaConfBaseException) as err:
+    except Exception as err:  # a damaged text: PyYAML raises Key/Index/Type/Attribute/ValueErrors for bad !!tags
         raise UserError(f"{where}: not a valid YAML mapping ({type(err).__name__}); {_FIX}") from None
     if not isinstance(node, DictConfig):
         raise UserError(f"{where}: not a YAML mapping; {_FIX}")

@@ -107,13 +107,13 @@ def check_name(value: str, what: str) -> None:
 
 
 def load_spec(path: str | Path, overrides: list[str] | None = None) -> SweepSpec:
-    """Parse a spec file against the schema; SpecError (a ValueError) names the bad key."""
+    """Parse a spec file against the schema; SpecError (a UserError) names the bad key."""
     path = Path(path)
     if not path.is_file():
         raise SpecError(str(path), [f"spec file {str(path)!r} does not exist"])
     try:
         raw = OmegaConf.load(path)
-    except Exception as err:
+    except Exception as err:  # a damaged file: PyYAML raises Key/Index/Type/Attribute/ValueErrors for bad !!tags
         raise SpecError(str(path), [f"not valid YAML: {str(err).splitlines()[0]}"]) from None
     if not isinstance(raw, DictConfig) or not raw:
         raise SpecError(str(path), ["the spec is empty or not a YAML mapping; write at least `base:` and `axes:` "

@@ -208,7 +208,7 @@ def run_trial(config: dict[str, Any], plan: Plan) -> None:
             _train_workers(cell, plan)
         else:
             train(cfg, TuneReporter(cell_id, plan.required_metric))
-    except Exception as err:
+    except Exception as err:  # records whatever ended the trial in error.txt, then re-raises it unchanged
         error_file.parent.mkdir(parents=True, exist_ok=True)
         error_file.write_text(f"{type(err).__name__}: {err}\n")
         raise

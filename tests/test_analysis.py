@@ -13,6 +13,7 @@ from analysis.load import iter_maps, load_profiles, load_stats, sweep_cells
 from analysis.rank import layerwise_rank, per_seed, rank_difference, seed_interval
 from analysis.stats import mean_interval
 from analysis.theory import b_curve, decay_curve, first_zero, mixing_table, pair_frequencies
+from hdrope.errors import UserError
 
 
 def test_effective_rank_known_answers():
@@ -107,13 +108,13 @@ def test_truncated_and_foreign_files_get_clear_errors(tiny_sweep, tmp_path):
     path = sweep_cells(tiny_sweep)["attention_path"][0]
     cut = tmp_path / "cut.parquet"
     cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    with pytest.raises(ValueError, match=r"cut\.parquet: not a readable Parquet file"):
+    with pytest.raises(UserError, match=r"cut\.parquet: not a readable Parquet file"):
         load_stats(cut)
     foreign = tmp_path / "foreign.parquet"
     pd.DataFrame({"a": [1]}).to_parquet(foreign)
-    with pytest.raises(ValueError, match="not an hdrope dump"):
+    with pytest.raises(UserError, match="not an hdrope dump"):
         load_stats(foreign)
-    with pytest.raises(ValueError, match="no such dump file"):
+    with pytest.raises(UserError, match="no such dump file"):
         load_stats(tmp_path / "missing.parquet")
 
 

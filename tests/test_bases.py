@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 from hdrope import BASIS_KINDS, describe_basis, mixing_basis
 from hdrope.bases import basis_generator, pair_generator
 from hdrope.commands import basis_orders
+from hdrope.errors import UserError
 
 
 @pytest.mark.parametrize("kind", sorted(BASIS_KINDS))
@@ -74,5 +75,5 @@ def test_paley2_generator_is_rope_itself():
     [("nope", 4, "identity"), ("hadamard", 6, "power of 2"), ("paley", 16, "14 or 18"), ("identity", 0, "positive")],
 )
 def test_bad_basis_requests(kind, n, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(UserError, match=match):
         mixing_basis(kind, n)

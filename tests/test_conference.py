@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from hdrope import conference_matrix, paley_orders
+from hdrope.errors import UserError
 from hdrope.galois import galois_field, prime_power
 
 PAPER_C4 = np.array([[0, 1, 1, 1], [1, 0, -1, 1], [1, 1, 0, -1], [1, -1, 1, 0]])
@@ -43,11 +44,11 @@ def test_paley_orders_list():
 
 @pytest.mark.parametrize("n,near", [(16, "14 or 18"), (22, "20 or 24"), (34, "32 or 38")])
 def test_missing_order_names_nearest(n, near):
-    with pytest.raises(ValueError, match=near):
+    with pytest.raises(UserError, match=near):
         conference_matrix(n)
 
 
 @pytest.mark.parametrize("bad", [0, 1, 3, 2.0, "4", True])
 def test_bad_orders_raise(bad):
-    with pytest.raises(ValueError):
+    with pytest.raises(UserError):
         conference_matrix(bad)

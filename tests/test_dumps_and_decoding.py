@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from hdrope.diagnostics import effective_rank, row_entropy
+from hdrope.errors import UserError
 from trainer.config import DumpConfig, PasskeyFormat
 from trainer.data.passkey_prompt import PasskeyPrompter, first_integer
 from trainer.data.tokenizer import ByteTokenizer
@@ -60,7 +61,7 @@ def test_dump_rows_are_softmax_maps_with_matching_statistics(tmp_path):
 
 def test_dump_over_budget_is_refused_before_computing(tmp_path):
     cfg = DumpConfig(samples=64, seq_len=1024, byte_budget=2**20)
-    with pytest.raises(ValueError, match=r"dump.samples, dump.seq_len, dump.layers or dump.heads"):
+    with pytest.raises(UserError, match=r"dump.samples, dump.seq_len, dump.layers or dump.heads"):
         tokens = torch.zeros(64, 1024, dtype=torch.long)
         dump_attention(_model(), tokens, cfg, DumpIds("r", "h", 0, encoding_identity(PEConfig())), tmp_path)
     assert not (tmp_path / "attention.parquet").exists()
@@ -119,7 +120,7 @@ def test_passkey_prompts_hit_length_and_depth():
             assert "The pass key is 31337. Remember it. 31337 is the pass key." in text
             assert text.endswith("What is the pass key? The pass key is") and tok.decode(pr.answer) == " 31337"
     assert first_integer(" 4521. The") == "4521" and first_integer("none") is None
-    with pytest.raises(ValueError, match=r"shorten data\.passkey\.header"):
+    with pytest.raises(UserError, match=r"shorten data\.passkey\.header"):
         PasskeyPrompter(tok, PasskeyFormat()).build(200, 0.5, 1)
 
 
@@ -136,5 +137,5 @@ def test_rope_matches_hf_llama_logits():
     x = torch.randint(0, 259, (2, 64))
     with torch.no_grad():
         torch.testing.assert_close(ours(x), hf(x).logits, atol=1e-5, rtol=0)
-    with pytest.raises(ValueError, match="only unscaled `rope`"):
+    with pytest.raises(UserError, match="only unscaled `rope`"):
         hf_config(load_model_args("tiny"))

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from hdrope import mixing_basis
+from hdrope.errors import UserError
 from trainer.model.llama import Llama, ModelArgs
 from trainer.model.position import PEConfig, build_position_encoding
 from trainer.presets import available_presets, load_model_args
@@ -126,7 +127,7 @@ def test_init_std_and_tied_embeddings():
     ],
 )
 def test_bad_model_config_errors_name_the_field(preset, overrides, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(UserError, match=match):
         load_model_args(preset, overrides)
 
 

@@ -9,6 +9,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
+from hdrope.errors import UserError
 from trainer.data.tokenizer import ByteTokenizer
 from trainer.evals.passkey.builder import BuildConfig, build_dataset
 
@@ -78,7 +79,7 @@ def test_single_token_pool_and_its_empty_pool_error(tmp_path, cache_dir):
     res = build_dataset(tok, BuildConfig(form="nospace", v_min=1, v_max=9, max_len=768), tmp_path / "ds",
                         cache_dir=cache_dir)
     assert res["lines"] > 0
-    with pytest.raises(ValueError, match="try --form nospace, or --multi-token"):
+    with pytest.raises(UserError, match="try --form nospace, or --multi-token"):
         build_dataset(tok, BuildConfig(v_min=1, v_max=99), tmp_path / "x", cache_dir=cache_dir)
 
 

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hdrope import HDRotary
+from hdrope.errors import UserError
 
 IMPLS = [("permute", False), ("dense", False), ("permute", True), ("dense", True)]
 
@@ -226,21 +227,22 @@ def test_frequencies_follow_block_formula():
 
 
 @pytest.mark.parametrize(
-    "kwargs,match",
+    "kwargs,match,error",
     [
-        (dict(head_dim=64, rotation_dim=4, theta=1.0), "theta must be > 1"),
-        (dict(head_dim=64, rotation_dim=4, theta=float("nan")), "finite"),
-        (dict(head_dim=64, rotation_dim=3, theta=1e4), "even"),
-        (dict(head_dim=63, rotation_dim=4, theta=1e4), "head_dim must be even"),
-        (dict(head_dim=16, rotation_dim=32, theta=1e4), "larger than head_dim"),
-        (dict(head_dim=64, rotation_dim=16, theta=1e4, basis="paley"), "14 or 18"),
-        (dict(head_dim=64, rotation_dim=4, theta=1e4, basis="qr"), "unknown basis"),
-        (dict(head_dim=64, rotation_dim=4, theta=1e4, impl="rotate_half"), "rotate_half"),
-        (dict(head_dim=64, rotation_dim=4, theta=1e4, impl="fast"), "unknown mixing impl"),
+        (dict(head_dim=64, rotation_dim=4, theta=1.0), "theta must be > 1", UserError),
+        (dict(head_dim=64, rotation_dim=4, theta=float("nan")), "finite", UserError),
+        (dict(head_dim=64, rotation_dim=3, theta=1e4), "even", UserError),
+        (dict(head_dim=63, rotation_dim=4, theta=1e4), "head_dim must be even", UserError),
+        (dict(head_dim=16, rotation_dim=32, theta=1e4), "larger than head_dim", UserError),
+        (dict(head_dim=64, rotation_dim=16, theta=1e4, basis="paley"), "14 or 18", UserError),
+        (dict(head_dim=64, rotation_dim=4, theta=1e4, basis="qr"), "unknown basis", UserError),
+        # impl is no config key, only a library argument: a wrong one is a programming error
+        (dict(head_dim=64, rotation_dim=4, theta=1e4, impl="rotate_half"), "rotate_half", ValueError),
+        (dict(head_dim=64, rotation_dim=4, theta=1e4, impl="fast"), "unknown mixing impl", ValueError),
     ],
 )
-def test_bad_configuration_errors(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_configuration_errors(kwargs, match, error):
+    with pytest.raises(error, match=match):
         HDRotary(**kwargs)
 
 

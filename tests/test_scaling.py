@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from hdrope import HDRotary, validate_scaling
+from hdrope.errors import UserError
 
 
 def test_linear_scaling_is_position_interpolation():
@@ -93,7 +94,7 @@ def test_longrope_switches_factor_lists():
     ],
 )
 def test_bad_scaling_names_the_key(cfg, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(UserError, match=match):
         validate_scaling(cfg)
 
 
@@ -104,7 +105,7 @@ def test_longrope_list_length_is_checked_at_construction():
         "long_factor": [1.0] * 32,
         "original_max_position_embeddings": 128,
     }
-    with pytest.raises(ValueError, match="one factor per block frequency"):
+    with pytest.raises(UserError, match="one factor per block frequency"):
         HDRotary(64, 4, 1e4, scaling=cfg)
 
 
@@ -166,7 +167,7 @@ def test_phi3_longrope_derives_its_factor_and_attention_factor_like_hf():
     ({"rope_type": "default", "factor": 2}, r"key\(s\) \['factor'\] with rope_type=default"),
 ])
 def test_rope_parameters_errors_name_the_key(cfg, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(UserError, match=match):
         validate_scaling(cfg, max_position=2048, theta=5e5)
 
 

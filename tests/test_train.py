@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from hdrope.errors import UserError
 from trainer.config import OptimConfig, config_errors, config_hash
 from trainer.model.llama import Llama
 from trainer.run.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
@@ -72,10 +73,10 @@ def test_corrupt_checkpoint_is_a_clear_error(tiny_cfg):
     weights = r.checkpoint / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
     model = Llama(tiny_cfg().model)
-    with pytest.raises(ValueError, match=r"model\.safetensors is truncated or corrupt"):
+    with pytest.raises(UserError, match=r"model\.safetensors is truncated or corrupt"):
         load_checkpoint(r.checkpoint, model)
     (r.checkpoint / "manifest.json").unlink()
-    with pytest.raises(ValueError, match=r"no manifest\.json"):
+    with pytest.raises(UserError, match=r"no manifest\.json"):
         load_checkpoint(r.checkpoint, model)
 
 
@@ -119,7 +120,7 @@ def test_passkey_table_and_mixture(tiny_cfg):
 def test_data_dependent_errors_name_the_field(tiny_cfg, tmp_path, overrides, match):
     (tmp_path / "small.txt").write_text("a few words of text " * 150)
     overrides = [o.replace("SMALL", str(tmp_path / "small.txt")) for o in overrides]
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(UserError, match=match):
         train(tiny_cfg(*FAST, *overrides))
 
 
@@ -236,7 +237,7 @@ def test_a_run_whose_checkpoints_are_all_damaged_is_refused_not_retrained_from_s
     metrics = (r.run_dir / "metrics.jsonl").read_text()
     for ckpt in list_checkpoints(r.run_dir / "checkpoints"):
         (ckpt / "manifest.json").unlink()
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(UserError) as err:
         train(tiny_cfg(*overrides))
     assert (f"train.out_dir={str(r.run_dir)!r}: its checkpoints step_00000004, step_00000008 have no manifest.json "
             "(damaged), so none can be resumed, and training again from step 0 would replace its metrics.jsonl; "
@@ -245,7 +246,7 @@ def test_a_run_whose_checkpoints_are_all_damaged_is_refused_not_retrained_from_s
     import shutil
 
     shutil.rmtree(r.run_dir / "checkpoints")  # a finished run with no checkpoint left: refused too
-    with pytest.raises(ValueError, match=r"it finished \(result\.json\) but has no checkpoint left"):
+    with pytest.raises(UserError, match=r"it finished \(result\.json\) but has no checkpoint left"):
         train(tiny_cfg(*overrides))
 
 

@@ -267,7 +267,7 @@ def config_errors(cfg: RunConfig) -> list[str]:
 
 
 def validate_config(cfg: RunConfig) -> None:
-    """Raise ValueError listing every problem (one per line) when the config is invalid."""
+    """Raise UserError listing every problem (one per line) when the config is invalid."""
     errors = config_errors(cfg)
     if errors:
         raise UserError("invalid config:\n  " + "\n  ".join(errors) if len(errors) > 1 else errors[0])

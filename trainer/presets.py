@@ -51,7 +51,7 @@ def available_presets() -> list[str]:
 
 
 def preset_path(name_or_path: str) -> Path:
-    """Resolve a preset name (experiments/NAME.yaml) or a YAML path; ValueError when missing or unsafe."""
+    """Resolve a preset name (experiments/NAME.yaml) or a YAML path; UserError when missing or unsafe."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml"):
         if not path.is_file():

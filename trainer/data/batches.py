@@ -18,7 +18,7 @@ __all__ = ["TrainBatches", "check_length", "to_device", "val_windows"]
 
 
 def check_length(tokens: np.ndarray, length: int, what: str) -> None:
-    """ValueError naming the knob when a token stream is too short for windows of `length` tokens."""
+    """UserError naming the knob when a token stream is too short for windows of `length` tokens."""
     if len(tokens) < length + 1:
         raise UserError(
             f"{what} needs windows of {length + 1} tokens but the split holds only {len(tokens)}; "

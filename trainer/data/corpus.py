@@ -122,11 +122,12 @@ def _iter_jsonl(path: Path, field: str) -> Iterator[tuple[str, str]]:
 
 
 def _iter_parquet(path: Path, field: str) -> Iterator[tuple[str, str]]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         pf = pq.ParquetFile(path)
-    except Exception as err:
+    except (pa.ArrowException, OSError) as err:  # ArrowInvalid for a damaged footer, OSError for unreadable bytes
         raise UserError(f"{path}: not a readable Parquet file ({type(err).__name__})") from None
     if field not in pf.schema_arrow.names:
         raise UserError(f"{path}: no column {field!r} (has {pf.schema_arrow.names}); set data.text_field")

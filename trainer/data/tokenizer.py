@@ -66,7 +66,9 @@ class JsonTokenizer:
 
         try:
             self._tok = HFTokenizer.from_file(str(path))
-        except Exception as err:
+        except Exception as err:  # `tokenizers` raises the bare Exception class for a bad file; a subclass is a bug
+            if type(err) is not Exception:
+                raise
             raise UserError(f"data.tokenizer={str(path)!r}: not a loadable tokenizer.json ({err})") from None
         self.path = path
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)

@@ -68,7 +68,7 @@ def dump_bytes(cfg: DumpConfig, n_layers: int, n_heads: int, train_len: int) -> 
 
 
 def check_budget(cfg: DumpConfig, n_layers: int, n_heads: int, train_len: int) -> None:
-    """ValueError naming the knobs when the dump would exceed dump.byte_budget."""
+    """UserError naming the knobs when the dump would exceed dump.byte_budget."""
     need = dump_bytes(cfg, n_layers, n_heads, train_len)
     if need > cfg.byte_budget:
         layers, heads, length = dump_selection(cfg, n_layers, n_heads, train_len)

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 from torch import nn
 
@@ -181,7 +182,7 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
     _verify(path)
     try:
         missing, unexpected = load_model(model, str(path / "model.safetensors"), strict=False)
-    except Exception as err:
+    except (SafetensorError, RuntimeError, OSError) as err:  # RuntimeError: load_state_dict's shape mismatch
         raise UserError(f"checkpoint {path}: model.safetensors does not fit this model ({err})") from None
     if missing or unexpected:
         raise UserError(

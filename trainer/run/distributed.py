@@ -198,7 +198,7 @@ def _env_int(environ: Mapping[str, str], name: str, low: int, high: int, what: s
                         f"{_UNSET}")
     try:
         value = int(raw)
-    except ValueError:
+    except ValueError:  # int() of a str raises ValueError alone, for text that is no integer
         value = None
     if value is None or not low <= value <= high:
         raise UserError(f"{name}={raw!r}: must be {what}; {_UNSET}")
@@ -232,7 +232,7 @@ def rendezvous_timeout(environ: Mapping[str, str] | None = None) -> float:
         return DEFAULT_RENDEZVOUS_TIMEOUT_S
     try:
         value = float(raw)
-    except ValueError:
+    except ValueError:  # float() of a str raises ValueError alone, for text that is no number
         value = math.nan
     if not (math.isfinite(value) and value > 0):
         raise UserError(f"{RENDEZVOUS_TIMEOUT_ENV}={raw!r}: must be a positive number of seconds, e.g. 300")

@@ -131,7 +131,7 @@ def _autocast(device: torch.device, dtype: str) -> tuple[Autocast, torch.dtype]:
 
 
 def prepare_data(cfg: RunConfig) -> DataBundle:
-    """Load the corpus, tokenizer and cached tokens; ValueError when the model or lengths do not fit."""
+    """Load the corpus, tokenizer and cached tokens; UserError when the model or lengths do not fit."""
     d = cfg.data
     corpus = None if d.corpus == "shards" else load_corpus(d)
     tok = load_tokenizer(d.tokenizer, corpus.train if corpus else None, d.bpe_vocab_size, d.cache_dir)

@@ -21,12 +21,12 @@ def resolve_tokenizer(spec: str, cache_dir: str = ""):
 
         try:
             vocab = int(spec[4:])
-        except ValueError:
+        except ValueError:  # int() of a str raises ValueError alone, for text that is no integer
             raise UserError(f"--tokenizer {spec!r}: write bpe:VOCAB, e.g. bpe:1024") from None
         return load_tokenizer("bpe", load_corpus(DataConfig(cache_dir=cache_dir)).train, vocab, cache_dir)
     try:
         return load_tokenizer(spec)
-    except ValueError as err:
+    except UserError as err:
         hint = "use bytes, bpe:N or a tokenizer.json path"
         raise UserError(f"--tokenizer {spec!r}: unknown tokenizer ({err}); {hint}") from None
 

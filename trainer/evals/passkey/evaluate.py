@@ -62,7 +62,7 @@ def _parse_line(path: Path, number: int, line: str) -> dict[str, str]:
     fix = f"fix or delete that line, or {_REBUILD}"
     try:
         item = json.loads(line)
-    except ValueError as err:
+    except ValueError as err:  # JSONDecodeError, or json's ValueError for a >4300-digit number: the line is not JSON
         raise UserError(f"{path}:{number}: not JSON ({err}): {line[:60]!r}; {fix}") from None
     for key in ("question", "answer"):
         if not isinstance(item, dict) or not isinstance(item.get(key), str):
