@@ -23,7 +23,7 @@ from trainer.config import BASE_METRICS, metric_names
 from trainer.files.run_files import RUN_FILE, read_lm_eval, read_result
 from trainer.model.position import IDENTITY_COLUMNS, encoding_identity
 
-__all__ = ["axis_columns", "cell_rows", "planned_frame", "write_results"]
+__all__ = ["axis_columns", "cell_rows", "planned_frame", "sampled_values", "write_results"]
 
 def _status(cell_dir: Path, config_hash: str | None) -> tuple[str, str | None, dict[str, Any]]:
     try:
@@ -88,19 +88,24 @@ def _run_config(path: Path) -> Any:
     return merge_config([yaml_layer(path, "the trial's config.yaml is damaged; delete its directory")], where=str(path))
 
 
-def cell_rows(plan: Plan) -> list[dict[str, Any]]:
-    """One dict per planned cell with its status and final metrics (a deduplicated cell takes its representative's)."""
+def sampled_values(plan: Plan, cell_dir: Path) -> dict[str, Any]:
+    """The values an Optuna trial sampled, as its run directory's config holds them (typed, not as table text)."""
     from omegaconf import OmegaConf
 
+    cfg = OmegaConf.structured(_run_config(cell_dir / "config.yaml"))
+    return {k: OmegaConf.select(cfg, k) for k in plan.spec.search.space}
+
+
+def cell_rows(plan: Plan) -> list[dict[str, Any]]:
+    """One dict per planned cell with its status and final metrics (a deduplicated cell takes its representative's)."""
     hashes = {c.cell_id: c.config_hash for c in plan.cells}
     rows = [_row(plan.spec.name, c.cell_id, plan.root / "cells" / (c.dedup_of or c.cell_id), c.config, c.dedup_of,
                  c.config_hash, c.values, hashes.get(c.dedup_of or c.cell_id))
             for c in plan.cells if plan.spec.search.kind == "grid"]
     for cell_dir in sorted((plan.root / "cells").glob("t-*")):  # Optuna trials, named by their sampled values
         if (cell_dir / "config.yaml").is_file():
-            cfg = _run_config(cell_dir / "config.yaml")
-            values = {k: OmegaConf.select(OmegaConf.structured(cfg), k) for k in plan.spec.search.space}
-            rows.append(_row(plan.spec.name, cell_dir.name, cell_dir, cfg, None, None, values))
+            rows.append(_row(plan.spec.name, cell_dir.name, cell_dir, _run_config(cell_dir / "config.yaml"), None,
+                             None, sampled_values(plan, cell_dir)))
     return rows
 
 

@@ -21,7 +21,7 @@ from hdrope.errors import UserError
 from sweeps.plan import Plan, local_gpus, make_plan
 from sweeps.plan_file import find_plan, save_plan
 from sweeps.procs import exit_on_signals, loopback_ray, signal_exit_codes, signals_held, start_watchdog
-from sweeps.results import cell_rows, write_results
+from sweeps.results import cell_rows, sampled_values, write_results
 from sweeps.spec import SweepSpec, load_spec
 from sweeps.trainable import run_trial
 from trainer.files.dir_lock import hold_dir_lock
@@ -199,7 +199,7 @@ def _reconcile(plan: Plan, uri: str) -> tuple[int, list[str]]:
         if row["cell_id"].startswith("t-") and row["status"] == "PENDING":
             continue
         run_id = cb.run_for({"cell": row["cell_id"]} if not row["cell_id"].startswith("t-") else
-                            {k: row[k] for k in plan.spec.search.space})[1]
+                            sampled_values(plan, Path(row["run_dir"])))[1]
         if row["status"] == "FINISHED":
             # MLflow ends up holding exactly the trained run's metrics.jsonl, final evaluation included
             tracker.log_history(run_id, read_metrics(Path(row["run_dir"]) / METRICS_FILE))

@@ -26,7 +26,7 @@ _ROW = pa.schema([("length", pa.int64()), ("target_length", pa.int64()), ("lengt
                   ("passkey", pa.int64()), ("generated", pa.string()), ("correct", pa.bool_())])
 PASSKEY_SCHEMA = pa.schema([*_ROW, ("run_name", pa.string()), ("config_hash", pa.string()),
                             *((k, a.type) for k, a in identity_arrays(dict.fromkeys(IDENTITY_COLUMNS), 0).items())])
-_FIX = "rerun the evaluation (or delete the file to report without it)"
+_FIX = "rerun the cell or the evaluation (or delete the file to report without it)"
 
 
 def write_passkey_table(rows: list[dict[str, Any]], cfg: RunConfig, chash: str, path: Path) -> Path:
