@@ -21,7 +21,10 @@ import torch
 from hdrope.errors import UserError
 from hdrope.rotary import HDRotary
 
-__all__ = ["HBM_PEAKS", "BenchRow", "hbm_peak", "main", "median_round_robin", "run_rotary_bench", "synced"]
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+__all__ = ["DTYPES", "HBM_PEAKS", "BenchRow", "bench_device", "hbm_peak", "main", "median_round_robin",
+           "run_rotary_bench", "synced"]
 
 
 @dataclass
@@ -50,6 +53,19 @@ def hbm_peak(device: torch.device) -> float | None:
         return None
     name = torch.cuda.get_device_name(device)
     return next((peak for key, peak in HBM_PEAKS.items() if key in name), None)
+
+
+def bench_device(name: str) -> torch.device:
+    """The device a `--device` value names: auto is CUDA when one is visible, else the CPU; a CUDA device that
+    is not there is a UserError."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {name}: no CUDA device here; use --device cpu")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--device {name!r}: not a device; use auto, cpu, cuda or cuda:N") from None
 
 
 def synced(fns: dict[str, Callable[[], object]], device: torch.device) -> dict[str, Callable[[], object]]:
@@ -84,14 +100,16 @@ def run_rotary_bench(
     rounds: int = 15,
     theta: float = 1e4,
     device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[list[BenchRow], float]:
-    """Time forward and forward+backward of every variant on `device`; return rows and the floor in ms."""
+    """Time forward and forward+backward of every variant on `device` with x in `dtype`; return rows and the
+    floor in ms."""
     torch.manual_seed(0)
     dev = torch.device(device)
     _b, _h, s, d = shape
-    x = torch.randn(shape, device=dev)
+    x = torch.randn(shape, device=dev, dtype=dtype)
     xg = x.clone().requires_grad_(True)
-    grad = torch.randn(shape, device=dev)
+    grad = torch.randn(shape, device=dev, dtype=dtype)
     positions = torch.arange(s, device=dev)
     variants = [("rope", 2, "identity")] + [(f"{n}D-{basis}", n, basis) for n in dims for basis in bases]
     fwd: dict[str, Callable[[], object]] = {"floor": lambda: x * 2.0}
@@ -100,7 +118,7 @@ def run_rotary_bench(
     for mode in modes:
         for name, n, basis in variants:
             rot = HDRotary(d, n, theta, basis=basis, fused=(mode == "fused"))
-            cos, sin = rot.cos_sin(positions)
+            cos, sin = rot.cos_sin(positions, dtype)
             key = f"{name}|{mode}"
             impls[key] = rot.plan.impl
             fwd[key] = lambda rot=rot, cos=cos, sin=sin: rot.apply(x, cos, sin)
@@ -126,27 +144,27 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--bases", nargs="+", default=["identity", "random", "paley"])
     ap.add_argument("--modes", nargs="+", default=["eager", "fused"], choices=["eager", "fused"])
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="dtype of x (tables stay fp32)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
     ap.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda or cuda:N")
     args = ap.parse_args(argv)
     if args.rounds < 1:
         raise UserError(f"--rounds must be ≥ 1, got {args.rounds}")
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--device {device}: no CUDA device here; use --device cpu")
+    dev = bench_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     rows, floor = run_rotary_bench(
-        tuple(args.shape), tuple(args.dims), tuple(args.bases), tuple(args.modes), args.rounds, device=device
+        tuple(args.shape), tuple(args.dims), tuple(args.bases), tuple(args.modes), args.rounds, device=str(dev),
+        dtype=DTYPES[args.dtype],
     )
-    dev = torch.device(device)
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
     peak = hbm_peak(dev)
-    floor_gbps = 2 * math.prod(args.shape) * 4 / (floor / 1e3) / 1e9
+    floor_gbps = 2 * math.prod(args.shape) * DTYPES[args.dtype].itemsize / (floor / 1e3) / 1e9
     print(
-        f"shape {tuple(args.shape)} fp32 on {where}, median of {args.rounds} round-robin rounds; elementwise floor "
-        f"(x*2) = {floor:.3f} ms, {floor_gbps:.0f} GB/s" + (f" ({floor_gbps * 1e9 / peak:.0%} of peak)" if peak else "")
+        f"shape {tuple(args.shape)} {args.dtype} on {where}, median of {args.rounds} round-robin rounds; "
+        f"elementwise floor (x*2) = {floor:.3f} ms, {floor_gbps:.0f} GB/s"
+        + (f" ({floor_gbps * 1e9 / peak:.0%} of peak)" if peak else "")
     )
     print(
         f"{'variant':<14}{'mode':<7}{'impl':<12}{'fwd ms':>8}{'fwd/RoPE':>10}{'fwd/floor':>10}"

@@ -20,6 +20,8 @@ def _rotate_half_eager(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
     h = x.shape[-1] // 2
     x1, x2 = x[..., :h], x[..., h:]
     c, s = cos[..., :h], sin[..., :h]  # both halves of a pair share one frequency
+    if torch.compiler.is_compiling():  # inside a compiled model: out= into views breaks the graph (and torch 2.11's
+        return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)  # inductor then fails); one fused kernel here
     out = torch.empty(torch.broadcast_shapes(x.shape, cos.shape), dtype=x.dtype, device=x.device)
     o1, o2 = out[..., :h], out[..., h:]
     # products rounded before the sum, as HF's x·cos + rotate_half(x)·sin (addcmul may fuse them: other bits)

@@ -75,7 +75,7 @@ def test_shard_stream_slices_across_boundaries():
 
 def _prepare_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "sweeps.console", "data", "prepare", *args, "--no-progress"],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, timeout=300)
 
 
 def test_interrupted_prepare_resumes_to_byte_identical_shards(tmp_path):

@@ -152,6 +152,22 @@ def test_torchrun_variables_are_checked_and_the_timeout_is_read_from_the_environ
         rendezvous_timeout({"HDROPE_RENDEZVOUS_TIMEOUT_S": "0"})
 
 
+def test_more_workers_than_gpus_on_a_machine_is_refused_before_nccl():
+    # measured on an H100 (one GPU), torchrun --nproc-per-node 2: NCCL failed in the first barrier with
+    # "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device"; now each worker refuses before meeting
+    from hdrope.errors import UserError
+    from trainer.run.distributed import check_gpu_per_worker
+
+    check_gpu_per_worker({"LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "1"}, 2)
+    check_gpu_per_worker({}, 1)
+    for env in ({"LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "0"}, {"LOCAL_RANK": "1"}):
+        with pytest.raises(UserError, match=re.escape("2 workers on this machine (LOCAL_WORLD_SIZE) but it shows 1 "
+                                                      "CUDA device(s)") + ".*--nproc-per-node 1.*train.device=cpu"):
+            check_gpu_per_worker(env, 1)
+    with pytest.raises(UserError, match="LOCAL_WORLD_SIZE='two'"):
+        check_gpu_per_worker({"LOCAL_WORLD_SIZE": "two"}, 1)
+
+
 @pytest.mark.parametrize("env,expected", [
     ({"WORLD_SIZE": "2"}, "RANK is not set but WORLD_SIZE=2 is: every worker needs an integer in [0, 1], its rank; "
                           "run the workers with `torchrun --nproc-per-node N -m sweeps.console train …`"),

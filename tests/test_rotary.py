@@ -285,3 +285,22 @@ def test_fused_default_is_eager_on_cpu_and_compiled_only_where_asked():
     x, pos = torch.randn(1, 2, 9, 64), torch.arange(9)
     cos, sin = auto.cos_sin(pos)
     torch.testing.assert_close(auto.apply(x, cos, sin), forced.apply(x, cos, sin), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("n,fused", [(2, False), (2, True), (4, False), (4, True), (8, True)])
+def test_every_kernel_traces_into_a_compiled_model_as_one_graph(n, fused):
+    # measured on an H100 (torch 2.11): `hdrope bench train --compile on` with RoPE failed in inductor
+    # ("mul expected 2 arguments, got 3") after the eager rotate_half's out= writes into views broke the graph;
+    # fullgraph=True turns any graph break into an error, and aot_eager needs no C++ build on the CPU
+    rot = HDRotary(64, n, 1e4, basis="paley", fused=fused)
+    x = torch.randn(2, 3, 16, 64, dtype=torch.float64, requires_grad=True)
+    cos, sin = rot.cos_sin(torch.arange(16), torch.float64)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: rot.apply(t, cos, sin), fullgraph=True, backend="aot_eager")
+    out = compiled(x)
+    out.square().sum().backward()
+    grad, x.grad = x.grad, None
+    ref = rot.apply(x, cos, sin)
+    ref.square().sum().backward()
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(grad, x.grad)

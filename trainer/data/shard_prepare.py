@@ -2,7 +2,7 @@
 
 The corpus is read twice, never held in memory: a first pass lists the document names and picks the
 validation documents with `split_documents` (the in-memory split, so shards hold exactly the tokens
-`cached_tokens` makes); the second pass tokenizes chunks of documents in a `multiprocessing` pool
+`cached_tokens` makes); the second pass tokenizes chunks of documents in a pool of spawned processes
 (results consumed in submission order, at most two chunks per worker in flight) and cuts each
 split's token stream (documents joined by the tokenizer's end-of-text id) into shards of
 `shard_tokens` tokens, the last one shorter. Layout of the output directory:
@@ -34,6 +34,8 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -485,14 +487,22 @@ def _encoded(chunks: Iterator[tuple[str, int, list[str]]], cfg: DataConfig, tok:
         for split, first, texts in chunks:
             yield split, first, texts, _encode_chunk(texts, dtype, tok)
         return
-    ctx = mp.get_context("spawn")  # no fork of a process that holds tokenizer threads
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(cfg.tokenizer, cfg.cache_dir)) as pool:
+    # spawn: no fork of a process that holds tokenizer threads. An executor, not mp.Pool: a worker that dies
+    # breaks the pool (BrokenProcessPool, an error) where Pool would wait for its result forever, and closing
+    # it early (--max-shards, an error) cancels what is queued instead of terminating workers mid-transfer
+    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
+                               initargs=(cfg.tokenizer, cfg.cache_dir))
+    try:
         inflight: deque = deque()
         for split, first, texts in chunks:
-            inflight.append((split, first, texts, pool.apply_async(_encode_chunk, (texts, dtype))))
+            inflight.append((split, first, texts, pool.submit(_encode_chunk, texts, dtype)))
             if len(inflight) >= 2 * workers:
                 s, f, t, res = inflight.popleft()
-                yield s, f, t, res.get()
+                yield s, f, t, res.result()
         while inflight:
             s, f, t, res = inflight.popleft()
-            yield s, f, t, res.get()
+            yield s, f, t, res.result()
+    except BrokenProcessPool as e:
+        raise RuntimeError(f"a tokenizer worker process died ({e}); rerun to resume from the last shard") from e
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from hdrope.bench import median_round_robin
+from hdrope.bench import DTYPES, bench_device, median_round_robin, synced
 from hdrope.errors import UserError
 from trainer.model.args import ModelArgs
 from trainer.model.encodings.base import EncodingShape, PositionModule
@@ -53,23 +53,26 @@ def _transform(enc: PositionModule, q: torch.Tensor, k: torch.Tensor, pos: torch
     return fwd
 
 
-def run_encodings_bench(shape: tuple[int, int, int, int] = (8, 8, 1024, 64), rounds: int = 15) -> list[dict]:
-    """Forward and forward+backward ms of each kind's transform; ratios to RoPE and to the floor."""
+def run_encodings_bench(shape: tuple[int, int, int, int] = (8, 8, 1024, 64), rounds: int = 15,
+                        device: str = "cpu", dtype: torch.dtype = torch.float32) -> list[dict]:
+    """Forward and forward+backward ms of each kind's transform of q and k in `dtype` on `device`; ratios to
+    RoPE and to the floor."""
     _b, h, s, d = shape
     torch.manual_seed(0)
-    q, k = torch.randn(shape), torch.randn(shape)
+    dev = torch.device(device)
+    q, k = torch.randn(shape, device=dev, dtype=dtype), torch.randn(shape, device=dev, dtype=dtype)
     qg, kg = q.clone().requires_grad_(True), k.clone().requires_grad_(True)
-    pos = torch.arange(s)
+    pos = torch.arange(s, device=dev)
     dims = EncodingShape(d, h, h, 1, s)
     fwd: dict[str, Callable[[], object]] = {"floor": lambda: (q * 2.0, k * 2.0)}
     bwd: dict[str, Callable[[], object]] = {}
     variants = _variants()
     rope = next(label for label, cfg in variants.items() if identity_is_rope(encoding_identity(cfg)))
     for label, cfg in variants.items():
-        enc = build_position_encoding(cfg, dims)
+        enc = build_position_encoding(cfg, dims).to(dev)
         fwd[label] = _transform(enc, q, k, pos, backward=False)
         bwd[label] = _transform(enc, qg, kg, pos, backward=True)
-    t_f, t_b = median_round_robin(fwd, rounds), median_round_robin(bwd, rounds)
+    t_f, t_b = median_round_robin(synced(fwd, dev), rounds), median_round_robin(synced(bwd, dev), rounds)
     floor = t_f.pop("floor")
     return [{"encoding": name, "fwd_ms": ms, "fwd_vs_rope": ms / t_f[rope], "fwd_vs_floor": ms / floor,
              "fwdbwd_ms": t_b[name], "fwdbwd_vs_rope": t_b[name] / t_b[rope], "floor_ms": floor}
@@ -83,13 +86,17 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    ap.add_argument("--device", default="cpu", help="cpu (default), auto (cuda when available), cuda or cuda:N")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="dtype of q and k")
     args = ap.parse_args(argv)
     if args.rounds < 1:
         raise UserError(f"--rounds must be ≥ 1, got {args.rounds}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    rows = run_encodings_bench(tuple(args.shape), args.rounds)
-    print(f"q and k {tuple(args.shape)} fp32, {torch.get_num_threads()} threads, median of {args.rounds} "
+    dev = bench_device(args.device)
+    rows = run_encodings_bench(tuple(args.shape), args.rounds, str(dev), DTYPES[args.dtype])
+    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"{torch.get_num_threads()} threads"
+    print(f"q and k {tuple(args.shape)} {args.dtype} on {where}, median of {args.rounds} "
           f"round-robin rounds; floor (q*2, k*2) = {rows[0]['floor_ms']:.3f} ms")
     print(f"{'encoding':<24}{'fwd ms':>9}{'fwd/RoPE':>10}{'fwd/floor':>10}{'fwd+bwd ms':>12}{'f+b/RoPE':>10}")
     for r in rows:

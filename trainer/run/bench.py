@@ -14,8 +14,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from hdrope.bench import median_round_robin
-from hdrope.errors import UserError
+from hdrope.bench import bench_device, median_round_robin
 from trainer.model.llama import Llama, ModelArgs, validate_model_args
 from trainer.model.position import build_position_encoding
 from trainer.model.throughput import flops_per_token, peak_flops
@@ -147,9 +146,7 @@ def main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--device {device}: no CUDA device here; use --device cpu")
+    device = str(bench_device(a.device))
     compiled = a.compile == "on" or (a.compile == "auto" and device.startswith("cuda"))
     res = run_train_bench(a.preset, a.batch, tuple(a.dims), a.rounds, a.dtype, not a.no_hf, device, compiled)
     if a.json:

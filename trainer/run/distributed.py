@@ -33,8 +33,8 @@ from torch import nn
 from hdrope.errors import UserError
 
 __all__ = ["RENDEZVOUS_TIMEOUT_ENV", "STRATEGIES", "Strategy", "TorchrunEnv", "World", "broadcast_from_main",
-           "current_world", "gather_to_main", "join_torchrun_group", "load_from_main", "main_first", "mean_across",
-           "no_sync", "rendezvous_timeout", "torchrun_env", "wrap_model"]
+           "check_gpu_per_worker", "current_world", "gather_to_main", "join_torchrun_group", "load_from_main",
+           "main_first", "mean_across", "no_sync", "rendezvous_timeout", "torchrun_env", "wrap_model"]
 
 RENDEZVOUS_TIMEOUT_ENV = "HDROPE_RENDEZVOUS_TIMEOUT_S"
 DEFAULT_RENDEZVOUS_TIMEOUT_S = 300.0
@@ -239,6 +239,20 @@ def rendezvous_timeout(environ: Mapping[str, str] | None = None) -> float:
     return value
 
 
+def check_gpu_per_worker(environ: Mapping[str, str], gpus: int) -> None:
+    """UserError unless each of this machine's workers (torchrun's LOCAL_WORLD_SIZE, else LOCAL_RANK + 1) has a
+    CUDA device of its own among `gpus` (NCCL refuses two workers on one GPU: "Duplicate GPU detected")."""
+    try:
+        workers = max(int(environ.get("LOCAL_WORLD_SIZE", "0")), int(environ.get("LOCAL_RANK", "0")) + 1)
+    except ValueError:  # int() of a str raises ValueError alone; torchrun writes these, a hand-made one may not
+        raise UserError(f"LOCAL_WORLD_SIZE={environ.get('LOCAL_WORLD_SIZE')!r} / LOCAL_RANK="
+                        f"{environ.get('LOCAL_RANK')!r}: must be integers; start the workers with torchrun") from None
+    if workers > gpus:
+        raise UserError(f"{workers} workers on this machine (LOCAL_WORLD_SIZE) but it shows {gpus} CUDA device(s), "
+                        f"and NCCL needs one per worker; start at most {gpus} per machine (torchrun --nproc-per-node "
+                        f"{gpus}), or train on the CPU with train.device=cpu (gloo)")
+
+
 @contextlib.contextmanager
 def join_torchrun_group(device: str) -> Iterator[int]:
     """This process's rank in the process group torchrun's environment describes (WORLD_SIZE > 1), set up for
@@ -253,6 +267,8 @@ def join_torchrun_group(device: str) -> Iterator[int]:
     from torch.distributed.constants import default_pg_timeout
 
     timeout = rendezvous_timeout()
+    if device != "cpu" and torch.cuda.is_available():  # every worker of the machine refuses alike, before meeting
+        check_gpu_per_worker(os.environ, torch.cuda.device_count())
     try:
         store, rank, world = next(dist.rendezvous("env://", timeout=timedelta(seconds=timeout)))
     except dist.DistError as err:

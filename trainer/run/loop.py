@@ -119,7 +119,7 @@ def _device(name: str, world: World | None = None) -> torch.device:
         raise UserError("train.device=cuda but no CUDA device is visible; use train.device=cpu or auto")
     kind = ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
     if kind == "cuda" and world is not None and world.size > 1:
-        return torch.device("cuda", world.local_rank % torch.cuda.device_count())
+        return torch.device("cuda", world.local_rank)  # one GPU per worker: join_torchrun_group checked it
     return torch.device(kind)
 
 
