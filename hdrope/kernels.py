@@ -1,7 +1,9 @@
 """Elementwise kernels for out = x·cos + (G·x)·sin, eager or fused with torch.compile.
 
 All kernels take per-channel `cos`, `sin` broadcastable to x (…, seq, head_dim), computed in the
-compute dtype (float64 for float64 inputs, else float32). Backward is the same kernel with −sin,
+compute dtype (float64 for float64 inputs, else float32); x of any floating dtype is computed in the
+tables' dtype and the result comes back in x's dtype (a compiled kernel does both casts inside its one
+pass: with bf16 inputs on an H100, separate casts cost two more passes over x). Backward is the same kernel with −sin,
 because the rotation is orthogonal up to the attention factor: R(m)ᵀ = cos·I − sin·G.
 """
 
@@ -76,8 +78,18 @@ def _negated_sin(fn):
     return mirrored
 
 
+def _in_table_dtype(fn):
+    """fn computed in the tables' dtype, its result in x's dtype."""
+
+    def cast(x, cos, sin, *extra):
+        out = fn(x if x.dtype == cos.dtype else x.to(cos.dtype), cos, sin, *extra)
+        return out if out.dtype == x.dtype else out.to(x.dtype)
+
+    return cast
+
+
 _EAGER = {"rotate_half": _rotate_half_eager, "permute": _permute_eager, "dense": _dense}
-_FUSED_SRC = {"permute": _permute_fused, "dense": _dense}
+_FUSED_SRC = {"permute": _in_table_dtype(_permute_fused), "dense": _in_table_dtype(_dense)}
 _FUSED: dict[str, Callable] = {}
 
 
@@ -118,7 +130,7 @@ def make_kernel(
         raise ValueError(f"unknown kernel impl {impl!r}")
     if fused and impl == "rotate_half":  # measured faster than a compiled cat-based rotate_half
         impl = "permute"
-    fn = _fused(impl) if fused else _EAGER[impl]
+    fn = _fused(impl) if fused else _in_table_dtype(_EAGER[impl])
     if impl == "permute":
         assert perms is not None and coefs is not None
         extra: tuple = (coefs, structure) if fused else (perms, coefs)

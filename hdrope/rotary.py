@@ -155,11 +155,8 @@ class HDRotary(nn.Module):
         """Rotate x (batch, heads, seq, head_dim) with tables from `cos_sin`; output keeps x's dtype."""
         if x.shape[-1] != self.head_dim:
             raise ValueError(f"last dim of x must be head_dim={self.head_dim}, got shape {tuple(x.shape)}")
-        ct = cos.dtype
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            xc = x if x.dtype == ct else x.to(ct)
-            out = rotate(xc, cos, sin, self._kernel(x.device, ct))
-        return out if out.dtype == x.dtype else out.to(x.dtype)
+        with torch.autocast(device_type=x.device.type, enabled=False):  # the kernels compute in the tables' dtype
+            return rotate(x, cos, sin, self._kernel(x.device, cos.dtype))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q (batch, heads, seq, d) and k (batch, kv_heads, seq, d) at integer positions."""
