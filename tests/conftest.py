@@ -78,6 +78,25 @@ def train_sweep_in_process(spec_path):
     return plan
 
 
+@pytest.fixture
+def short_sweep_spec(cache_dir, tmp_path):
+    """A factory of spec files for a few-step tiny sweep in which every stage runs once: evaluation and a checkpoint
+    at the end only, one passkey length and depth, one dump sample. Returns the spec's path."""
+    import yaml
+
+    def write(name: str, steps: int, axes: dict, **overrides) -> object:
+        spec = {"name": name, "base": "tiny", "storage": str(tmp_path / "store"),
+                "overrides": {"data.cache_dir": cache_dir, "train.steps": steps, "train.eval_every": 0,
+                              "train.ckpt_every": 0, "eval.passkey.length_factors": [2.0], "eval.passkey.depths": 1,
+                              "dump.enabled": True, "dump.samples": 1, **overrides},
+                "axes": axes}
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(spec, sort_keys=False, allow_unicode=True))
+        return path
+
+    return write
+
+
 @pytest.fixture(scope="session")
 def sweep_trainer():
     """`train_sweep_in_process`, for tests and fixtures that need a small finished sweep without Ray."""

@@ -75,29 +75,10 @@ def gain_kind():
         POSITION_ENCODINGS.pop(GAIN.name)
 
 
-GAIN_SPEC = """\
-name: gainkind
-base: tiny
-storage: {storage}
-overrides:
-  data.cache_dir: {cache}
-  model.pe.kind: test_gain
-  train.steps: 3
-  train.eval_every: 0
-  train.ckpt_every: 0
-  eval.passkey.length_factors: [2.0]
-  eval.passkey.depths: 1
-  dump.enabled: true
-  dump.samples: 1
-axes:
-  model.pe.gain: [1.5, 3.0]
-  model.pe.tag: [0, 7]
-"""
-
 
 @pytest.mark.slow
 def test_a_kind_defined_only_in_a_test_trains_plans_dedups_reports_and_is_refused_by_export(
-        gain_kind, cache_dir, tmp_path, sweep_trainer):
+        gain_kind, tmp_path, sweep_trainer, short_sweep_spec):
     import pyarrow.parquet as pq
 
     from analysis.report import build_report
@@ -108,8 +89,8 @@ def test_a_kind_defined_only_in_a_test_trains_plans_dedups_reports_and_is_refuse
 
     with pytest.raises(UserError, match=r"model\.pe\.gain=-1\.0: must be a number > 0"):
         load_config("tiny", ["model.pe.kind=test_gain", "model.pe.gain=-1.0"])
-    spec = tmp_path / "gain.yaml"
-    spec.write_text(GAIN_SPEC.format(storage=tmp_path / "store", cache=cache_dir))
+    spec = short_sweep_spec("gainkind", 3, {"model.pe.gain": [1.5, 3.0], "model.pe.tag": [0, 7]},
+                            **{"model.pe.kind": "test_gain"})
     plan = sweep_trainer(spec)  # planned, deduplicated and trained in this process
     assert len(plan.cells) == 4 and len(plan.to_run) == 2  # tag cannot change the model: one run per gain
     assert {c.dedup_of for c in plan.cells if c.dedup_of} == {c.cell_id for c in plan.to_run}

@@ -329,32 +329,14 @@ def test_a_tiny_run_of_a_new_kind_writes_its_identity_everywhere(tiny_cfg, kind)
         assert model.pe.a.abs().sum() > 0
 
 
-NEW_KIND_SPEC = """\
-name: newkinds
-base: tiny
-storage: {storage}
-overrides:
-  data.cache_dir: {cache}
-  train.steps: 4
-  train.eval_every: 0
-  train.ckpt_every: 0
-  eval.passkey.length_factors: [2.0]
-  eval.passkey.depths: 1
-  dump.enabled: true
-  dump.samples: 1
-axes:
-  model.pe.kind: [rope, rpe3d, fope, xpos, alibi]
-"""
 
-
-def test_a_sweep_over_new_kinds_runs_and_reports_one_label_per_kind(cache_dir, tmp_path, sweep_trainer):
+def test_a_sweep_over_new_kinds_runs_and_reports_one_label_per_kind(sweep_trainer, short_sweep_spec):
     """Plan, train, results.parquet and the report: every kind under its own label, from encoding_identity."""
     import pyarrow.parquet as pq
 
     from analysis.report import build_report
 
-    spec = tmp_path / "newkinds.yaml"
-    spec.write_text(NEW_KIND_SPEC.format(storage=tmp_path / "store", cache=cache_dir))
+    spec = short_sweep_spec("newkinds", 4, {"model.pe.kind": ["rope", "rpe3d", "fope", "xpos", "alibi"]})
     plan = sweep_trainer(spec)
     results = pq.read_table(plan.root / "results.parquet").to_pandas()
     labels = {c.config.model.pe.kind: encoding_identity(c.config.model.pe)["pe_label"] for c in plan.to_run}
