@@ -1,6 +1,7 @@
 """Shared pytest settings and fixtures: few threads on small CI machines, one data cache per session."""
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -84,11 +85,11 @@ def short_sweep_spec(cache_dir, tmp_path):
     at the end only, one passkey length and depth, one dump sample. Returns the spec's path."""
     import yaml
 
-    def write(name: str, steps: int, axes: dict, **overrides) -> object:
+    def write(name: str, steps: int, axes: dict, overrides: dict | None = None) -> Path:
         spec = {"name": name, "base": "tiny", "storage": str(tmp_path / "store"),
                 "overrides": {"data.cache_dir": cache_dir, "train.steps": steps, "train.eval_every": 0,
                               "train.ckpt_every": 0, "eval.passkey.length_factors": [2.0], "eval.passkey.depths": 1,
-                              "dump.enabled": True, "dump.samples": 1, **overrides},
+                              "dump.enabled": True, "dump.samples": 1, **(overrides or {})},
                 "axes": axes}
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(spec, sort_keys=False, allow_unicode=True))

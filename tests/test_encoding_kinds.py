@@ -75,7 +75,6 @@ def gain_kind():
         POSITION_ENCODINGS.pop(GAIN.name)
 
 
-
 @pytest.mark.slow
 def test_a_kind_defined_only_in_a_test_trains_plans_dedups_reports_and_is_refused_by_export(
         gain_kind, tmp_path, sweep_trainer, short_sweep_spec):
@@ -90,7 +89,7 @@ def test_a_kind_defined_only_in_a_test_trains_plans_dedups_reports_and_is_refuse
     with pytest.raises(UserError, match=r"model\.pe\.gain=-1\.0: must be a number > 0"):
         load_config("tiny", ["model.pe.kind=test_gain", "model.pe.gain=-1.0"])
     spec = short_sweep_spec("gainkind", 3, {"model.pe.gain": [1.5, 3.0], "model.pe.tag": [0, 7]},
-                            **{"model.pe.kind": "test_gain"})
+                            {"model.pe.kind": "test_gain"})
     plan = sweep_trainer(spec)  # planned, deduplicated and trained in this process
     assert len(plan.cells) == 4 and len(plan.to_run) == 2  # tag cannot change the model: one run per gain
     assert {c.dedup_of for c in plan.cells if c.dedup_of} == {c.cell_id for c in plan.to_run}

@@ -329,7 +329,6 @@ def test_a_tiny_run_of_a_new_kind_writes_its_identity_everywhere(tiny_cfg, kind)
         assert model.pe.a.abs().sum() > 0
 
 
-
 def test_a_sweep_over_new_kinds_runs_and_reports_one_label_per_kind(sweep_trainer, short_sweep_spec):
     """Plan, train, results.parquet and the report: every kind under its own label, from encoding_identity."""
     import pyarrow.parquet as pq
