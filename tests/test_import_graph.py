@@ -73,3 +73,45 @@ def test_configs_import_no_model_code(config_module):
     """A config module never imports the decoder (trainer.model.llama) nor builds what it configures."""
     path = REPO / (config_module.replace(".", "/") + ".py")
     assert "trainer.model.llama" not in _imports(path, config_module)
+
+
+def _defined_names(path: Path) -> set[str]:
+    """Names a module defines at top level, plus those it exports lazily through an `_EXPORTS` dict."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))  # a, b = ... too
+            exports = any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in targets)
+            if exports and isinstance(node.value, ast.Dict):
+                names.update(k.value for k in node.value.keys if isinstance(k, ast.Constant))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.If):  # TYPE_CHECKING blocks and guarded imports
+            for sub in node.body:
+                if isinstance(sub, (ast.Import, ast.ImportFrom)):
+                    names.update((a.asname or a.name).split(".")[0] for a in sub.names)
+    return names
+
+
+def test_every_lab_import_names_something_that_exists():
+    """An import of a lab module or name that does not exist fails here, not first in a user's hands."""
+    files = {_module(p): p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")}
+    missing = []
+    for module, path in files.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                missing += [(module, a.name) for a in node.names
+                            if a.name.split(".")[0] in PACKAGES and a.name not in files]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                    and node.module.split(".")[0] in PACKAGES:
+                if node.module not in files:
+                    missing.append((module, node.module))
+                    continue
+                defined = _defined_names(files[node.module])
+                missing += [(module, f"{node.module}.{a.name}") for a in node.names
+                            if a.name != "*" and f"{node.module}.{a.name}" not in files and a.name not in defined]
+    assert not missing

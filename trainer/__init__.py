@@ -5,31 +5,35 @@ Depends on `hdrope`, never on Ray or `sweeps`. Public entry point: `trainer.trai
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
-
-__all__ = ["Reporter", "RunConfig", "TrainResult", "load_config", "train"]
 
 if TYPE_CHECKING:
     from trainer.config import RunConfig
-    from trainer.run.loop import TrainResult
+    from trainer.presets import load_config
+    from trainer.run.loop import TrainResult, train
     from trainer.run.reporting import Reporter
 
+# Public names -> the submodule defining them, imported on first use (PEP 562) so that `import trainer.config`
+# stays light. A test imports and calls each one.
+_EXPORTS = {
+    "train": "trainer.run.loop",
+    "TrainResult": "trainer.run.loop",
+    "RunConfig": "trainer.config",
+    "load_config": "trainer.presets",
+    "Reporter": "trainer.run.reporting",
+}
 
-def __getattr__(name: str) -> Any:  # lazy, so `import trainer.config` stays light
-    if name in ("train", "TrainResult"):
-        from trainer import loop
+__all__ = ["Reporter", "RunConfig", "TrainResult", "load_config", "train"]
 
-        return getattr(loop, name)
-    if name == "RunConfig":
-        from trainer.config import RunConfig
 
-        return RunConfig
-    if name == "load_config":
-        from trainer.presets import load_config
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'trainer' has no attribute {name!r}")
 
-        return load_config
-    if name == "Reporter":
-        from trainer.run.reporting import Reporter
 
-        return Reporter
-    raise AttributeError(name)
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
