@@ -23,6 +23,7 @@ from trainer.run.optim import OPTIMIZERS, OptimConfig
 __all__ = [
     "BASE_METRICS",
     "COST_METRICS",
+    "NEW_SETTING",
     "DataConfig",
     "DumpConfig",
     "EvalConfig",
@@ -59,6 +60,11 @@ SEED_MAX = 2**32 - 1  # train.seed seeds python, numpy (which takes [0, 2**32 - 
 
 # Keys that say where or how verbosely a run writes, not what it computes.
 _NON_SEMANTIC = ("train.out_dir", "train.log_every", "train.threads", "train.progress", "data.cache_dir")
+
+# Field metadata of a setting added after runs were stored: at its default it stays out of the config hash, so
+# every stored run keeps its hash (and resumes) while a run that sets it gets a new one. Use as
+# `field(default=..., metadata=NEW_SETTING)` in any config dataclass, an encoding's included.
+NEW_SETTING = {"hash": "omit_at_default"}
 
 
 @dataclass
@@ -275,24 +281,50 @@ def validate_config(cfg: RunConfig) -> None:
 
 def flatten_config(cfg: RunConfig) -> dict[str, Any]:
     """Dotted key -> scalar (lists and dicts JSON-encoded), e.g. for MLflow params."""
+    return flatten_config_node("", cfg)
+
+
+def _new_settings_at_default(node: Any, prefix: str = "") -> set[str]:
+    """Dotted keys of fields marked NEW_SETTING whose value is their default (anywhere in the config tree)."""
+    keys: set[str] = set()
+    if not dataclasses.is_dataclass(node):
+        return keys
+    for f in dataclasses.fields(node):
+        key, value = f"{prefix}{f.name}", getattr(node, f.name)
+        if f.metadata.get("hash") == NEW_SETTING["hash"]:
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            if dataclasses.is_dataclass(default):
+                default = dataclasses.asdict(default)
+                value = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+            if value == default:
+                keys.update(k for k in flatten_config_node(key, getattr(node, f.name)))
+                continue
+        keys |= _new_settings_at_default(value, f"{key}.")
+    return keys
+
+
+def flatten_config_node(prefix: str, node: Any) -> dict[str, Any]:
+    """flatten_config of one node of the tree, its keys under `prefix`."""
     out: dict[str, Any] = {}
 
-    def walk(prefix: str, node: Any) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(f"{prefix}.{k}" if prefix else str(k), v)
-        elif isinstance(node, list):
-            out[prefix] = json.dumps(node)
+    def walk(key: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{key}.{k}" if key else str(k), v)
+        elif isinstance(value, list):
+            out[key] = json.dumps(value)
         else:
-            out[prefix] = node
+            out[key] = value
 
-    walk("", dataclasses.asdict(cfg))
+    walk(prefix, dataclasses.asdict(node) if dataclasses.is_dataclass(node) else node)
     return out
 
 
 def config_hash(cfg: RunConfig) -> str:
-    """sha256 (16 hex) of the semantic config: output paths, verbosity and caches excluded; a tokenizer.json
-    counts by its content, not its path (`tokenizer_hash_key`)."""
-    flat = {k: v for k, v in flatten_config(cfg).items() if k not in _NON_SEMANTIC and k != "name"}
+    """sha256 (16 hex) of the semantic config: output paths, verbosity and caches excluded, and settings marked
+    NEW_SETTING left out at their default; a tokenizer.json counts by its content, not its path
+    (`tokenizer_hash_key`)."""
+    skip = {*_NON_SEMANTIC, "name", *_new_settings_at_default(cfg)}
+    flat = {k: v for k, v in flatten_config(cfg).items() if k not in skip}
     flat["data.tokenizer"] = tokenizer_hash_key(cfg.data.tokenizer)
     return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]
