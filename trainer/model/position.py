@@ -10,18 +10,18 @@ and its parameter and FLOP contributions. `register_kind` adds one; everything e
 (results table, passkey table, attention dumps), the plan, MLflow run names, the report and the
 notebooks write or read its columns. `dedup_pe(pe)` is the canonical config of the model's
 equivalence class, from which the sweep plan derives its dedup key. Adding a baseline means adding
-one module with its `KIND` and registering it below.
+one module with its `KIND` and its name in `KIND_MODULES` below.
 """
 
 from __future__ import annotations
 
 import copy
+import importlib
 from collections.abc import Mapping
 from typing import Any
 
 from hdrope import HDRotary
 from hdrope.errors import UserError
-from trainer.model.encodings import alibi, fope, hdrope, learned_basis, nope, p_rope, partial_rope, rope, rpe3d, xpos
 from trainer.model.encodings.base import EncodingShape, PositionModule
 from trainer.model.encodings.kind import EncodingKind
 from trainer.model.encodings.rotary import PEConfig
@@ -67,8 +67,12 @@ def register_kind(kind: EncodingKind) -> EncodingKind:
     return kind
 
 
-for _module in (rope, hdrope, nope, partial_rope, p_rope, xpos, alibi, fope, rpe3d, learned_basis):
-    register_kind(_module.KIND)
+# The lab's kinds: the modules under trainer/model/encodings/ that hold one KIND each. Adding a kind is its module
+# and its name here.
+KIND_MODULES = ("rope", "hdrope", "nope", "partial_rope", "p_rope", "xpos", "alibi", "fope", "rpe3d", "learned_basis")
+
+for _name in KIND_MODULES:
+    register_kind(importlib.import_module(f"trainer.model.encodings.{_name}").KIND)
 
 # The identity row's columns and their types, as every artifact writes them (None: null).
 IDENTITY_COLUMNS: dict[str, type] = {"pe_kind": str, "pe_label": str, "rotation_dim": int, "basis": str,
