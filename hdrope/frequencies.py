@@ -1,6 +1,6 @@
 """Block frequencies of HD-RoPE and the channel layout they are applied in.
 
-Layout for head_dim d and rotation dimension N (see README "Conventions"):
+Layout for head_dim d and rotation dimension N (see docs/encodings.md, "Conventions"):
 - B = d // N blocks; block j holds channels j, j+B, …, j+(N−1)B (the paper's Chunk(t, N)).
 - All N/2 pairs of block j share one frequency θ_j = theta^(−N·j/d), j = 0 … B−1.
 - When N does not divide d, the r = d − N·B leftover channels (r must be even) come last and
