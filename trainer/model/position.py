@@ -157,10 +157,11 @@ def dedup_pe(pe: Any) -> Any:
 
 def check_exportable(pe: Any) -> None:
     """UserError unless the kind has an exact Hugging Face Llama equivalent (rope, hdrope)."""
-    if not _checked(pe).exportable:
+    kind = _checked(pe)
+    if not kind.exportable:
         exportable = sorted(k for k, v in POSITION_ENCODINGS.items() if v.exportable)
-        raise UserError(f"model.pe.kind={pe.kind!r} is not exportable to HF Llama: it has no exact rotary "
-                        f"equivalent there (only {' and '.join(exportable)}, whose rotation folds into W_q/W_k, are)")
+        raise UserError(f"model.pe.kind={pe.kind!r} is not exportable to HF Llama: {kind.no_export} (only "
+                        f"{' and '.join(exportable)}, whose rotation folds into W_q/W_k, are)")
 
 
 def hf_rotary(pe: Any, shape: EncodingShape) -> HDRotary:

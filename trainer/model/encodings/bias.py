@@ -10,6 +10,9 @@ import torch
 from trainer.model.encodings.base import PositionModule
 from trainer.model.encodings.kind import identity_row
 
+# why `hdrope export` refuses a bias kind
+NO_BIAS_EXPORT = "HF Llama's attention takes no additive position bias, so the learned bias has no counterpart there"
+
 
 class LayerBias(PositionModule):
     """A learned bias of query and key positions, with parameters per layer or `shared` by every layer.

@@ -70,10 +70,12 @@ def _npos(pe: CoPEConfig, s: EncodingShape) -> int:
     return int(pe.npos) or s.max_seq_len + 1
 
 
+NO_EXPORT = "its positions are counted by q·k gates inside the attention, which HF Llama's attention cannot express"
+
 KIND = EncodingKind(
     "cope", CoPEConfig, lambda c, s: CoPE(c.npos, c.shared, s),
     lambda pe: bias_identity("cope", "CoPE", pe, default_shared=False),
-    identity_keys=("shared",), is_rope=lambda row: False, translation_invariant=True,
+    identity_keys=("shared",), is_rope=lambda row: False, no_export=NO_EXPORT, translation_invariant=True,
     problems=lambda pe, s: [p for p in [int_problem(pe.npos, "npos", 0, 64)] if p], tables=False,
     params=lambda c, s: table_count(c, s.n_layers) * s.head_dim * _npos(c, s),
     # q·e for every integer position, per head and layer: 2·head_dim·npos FLOPs forward, three times that with

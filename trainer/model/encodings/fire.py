@@ -11,6 +11,7 @@ from torch import nn
 
 from trainer.model.encodings.base import EncodingShape
 from trainer.model.encodings.bias import (
+    NO_BIAS_EXPORT,
     LayerBias,
     bias_identity,
     distance,
@@ -87,8 +88,9 @@ def _mlp_params(width: int, heads: int) -> int:
 KIND = EncodingKind(
     "fire", FireConfig, lambda c, s: Fire(c.mlp_width, c.init_c, c.init_threshold, c.shared, c.seed, s),
     lambda pe: bias_identity("fire", "FIRE", pe, default_shared=False),
-    identity_keys=("shared",), is_rope=lambda row: False, translation_invariant=False, problems=_problems,
-    tables=False, params=lambda c, s: table_count(c, s.n_layers) * (_mlp_params(c.mlp_width, s.n_heads) + 2),
+    identity_keys=("shared",), is_rope=lambda row: False, no_export=NO_BIAS_EXPORT, translation_invariant=False,
+    problems=_problems, tables=False,
+    params=lambda c, s: table_count(c, s.n_layers) * (_mlp_params(c.mlp_width, s.n_heads) + 2),
     # the MLP on each of a token's max_seq_len query-key pairs, every layer: 2·width·(1 + heads) FLOPs forward,
     # three times that forward plus backward (per token of a sequence, for a batch of one sequence)
     flops=lambda c, s: 6.0 * c.mlp_width * (1 + s.n_heads) * s.max_seq_len * s.n_layers)

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from trainer.model.encodings.base import EncodingShape
-from trainer.model.encodings.bias import LayerBias, bias_identity, distance, generator, table_count
+from trainer.model.encodings.bias import NO_BIAS_EXPORT, LayerBias, bias_identity, distance, generator, table_count
 from trainer.model.encodings.kind import EncodingKind
 
 VARIANTS = ("log", "power")
@@ -68,5 +68,6 @@ def _problems(pe: KerpleConfig, s: EncodingShape) -> list[str]:
 KIND = EncodingKind(
     "kerple", KerpleConfig, lambda c, s: Kerple(c.variant, c.shared, c.seed, s),
     lambda pe: bias_identity("kerple", f"KERPLE {pe.variant}", pe, default_shared=True),
-    identity_keys=("variant", "shared"), is_rope=lambda row: False, translation_invariant=True,
-    problems=_problems, tables=False, params=lambda c, s: 2 * table_count(c, s.n_layers) * s.n_heads)
+    identity_keys=("variant", "shared"), is_rope=lambda row: False, no_export=NO_BIAS_EXPORT,
+    translation_invariant=True, problems=_problems, tables=False,
+    params=lambda c, s: 2 * table_count(c, s.n_layers) * s.n_heads)

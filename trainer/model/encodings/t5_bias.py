@@ -10,6 +10,7 @@ from torch import nn
 
 from trainer.model.encodings.base import EncodingShape
 from trainer.model.encodings.bias import (
+    NO_BIAS_EXPORT,
     LayerBias,
     bias_identity,
     distance,
@@ -85,6 +86,6 @@ def _label(pe: T5BiasConfig) -> str:
 KIND = EncodingKind(
     "t5_bias", T5BiasConfig, lambda c, s: T5Bias(c.num_buckets, c.max_distance, c.shared, c.seed, s),
     lambda pe: bias_identity("t5_bias", _label(pe), pe, default_shared=True),
-    identity_keys=("num_buckets", "max_distance", "shared"), is_rope=lambda row: False, translation_invariant=True,
-    problems=_problems, tables=False,
+    identity_keys=("num_buckets", "max_distance", "shared"), is_rope=lambda row: False, no_export=NO_BIAS_EXPORT,
+    translation_invariant=True, problems=_problems, tables=False,
     params=lambda c, s: table_count(c, s.n_layers) * c.num_buckets * s.n_heads)
