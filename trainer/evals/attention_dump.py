@@ -131,8 +131,10 @@ def dump_attention(model: Llama, tokens: torch.Tensor, cfg: DumpConfig, ids: Dum
     try:
         for layer in layers:
             q, k = capture[layer]
-            with torch.no_grad():  # what the model's softmax sees, score bias (and CoPE's positions) included
-                logits = model.pe.logits(q.float(), k.float(), 0, layer)[:, heads].cpu()
+            # what the model's softmax sees, score bias (and CoPE's positions) included; one sample at a time, so
+            # only the selected heads of every sample are held at once
+            logits = torch.cat([model.pe.logits(q[i:i + 1].float(), k[i:i + 1].float(), 0, layer)[:, heads].cpu()
+                                for i in range(q.shape[0])])
             profiles.append(_distance_profile(logits))
             probs = torch.softmax(logits, dim=-1)  # (samples, heads, L, L), causal mask applied
             n = probs.shape[0] * probs.shape[1]

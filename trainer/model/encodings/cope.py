@@ -77,6 +77,7 @@ KIND = EncodingKind(
     lambda pe: bias_identity("cope", "CoPE", pe, default_shared=False),
     identity_keys=("shared",), is_rope=lambda row: False, no_export=NO_EXPORT, translation_invariant=True,
     problems=lambda pe, s: [p for p in [int_problem(pe.npos, "npos", 0, 64)] if p], tables=False,
+    cost_keys=("npos",),
     params=lambda c, s: table_count(c, s.n_layers) * s.head_dim * _npos(c, s),
     # q·e for every integer position, per head and layer: 2·head_dim·npos FLOPs forward, three times that with
     # the backward (the gates' q·k is the attention's own product)

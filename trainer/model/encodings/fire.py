@@ -89,7 +89,7 @@ KIND = EncodingKind(
     "fire", FireConfig, lambda c, s: Fire(c.mlp_width, c.init_c, c.init_threshold, c.shared, c.seed, s),
     lambda pe: bias_identity("fire", "FIRE", pe, default_shared=False),
     identity_keys=("shared",), is_rope=lambda row: False, no_export=NO_BIAS_EXPORT, translation_invariant=False,
-    problems=_problems, tables=False,
+    problems=_problems, tables=False, cost_keys=("mlp_width",),
     params=lambda c, s: table_count(c, s.n_layers) * (_mlp_params(c.mlp_width, s.n_heads) + 2),
     # the MLP on each of a token's max_seq_len query-key pairs, every layer: 2·width·(1 + heads) FLOPs forward,
     # three times that forward plus backward (per token of a sequence, for a batch of one sequence)
