@@ -180,11 +180,13 @@ def _scores(kind: str, m: int, n: int, q: torch.Tensor, k: torch.Tensor) -> torc
             enc.a.copy_(torch.randn(enc.a.shape, generator=torch.Generator().manual_seed(1)))
     if kind == "rpe3d":
         enc = build_position_encoding(RPE3DConfig(chunk_size=4, phi_base=3.0), SHAPE)
+    if kind == "fire":  # below its threshold L, FIRE's normaliser is constant: shifts must cross L to show
+        enc = build_position_encoding(pe_config_class("fire")(init_threshold=4.0), SHAPE)
     pos = torch.tensor([m, n])
     rq, rk = enc.rotate(q.expand(1, -1, 2, -1), k.expand(1, -1, 2, -1), enc.tables(pos, torch.float64))
     rk = rk.repeat_interleave(SHAPE.n_heads // SHAPE.n_kv_heads, dim=1)
     s = (rq[0, :, 0] * rk[0, :, 1]).sum(-1)
-    bias = enc.score_bias(torch.tensor([m]), n + 1)
+    bias = enc.score_bias(torch.tensor([m]), n + 1, 1)
     return s if bias is None else s + bias[:, 0, n].double()
 
 

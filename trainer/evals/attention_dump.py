@@ -24,7 +24,6 @@ their key-value metadata (`hdrope.dump_schema`).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,20 +127,16 @@ def dump_attention(model: Llama, tokens: torch.Tensor, cfg: DumpConfig, ids: Dum
     attn_path, prof_path = out_dir / "attention.parquet", out_dir / "logit_profile.parquet"
     tensor_type = pa.fixed_shape_tensor(pa.float16(), [length, length])
     meta = {b"hdrope.dump_schema": DUMP_SCHEMA_VERSION.encode()}
-    causal = torch.ones(length, length, dtype=torch.bool).tril()
-    bias = model.pe.score_bias(torch.arange(length), length)
-    bias = None if bias is None else bias.float().cpu()
     writer, profiles = None, []
     try:
         for layer in layers:
             q, k = capture[layer]
-            q, k = q.float().cpu(), k.float().cpu()
-            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)[:, heads]
-            logits = (q[:, heads] @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-            if bias is not None:  # attention-bias encodings (ALiBi): the logits the model's softmax sees
-                logits = logits + bias[heads]
+            # what the model's softmax sees, score bias (and CoPE's positions) included; one sample at a time, so
+            # only the selected heads of every sample are held at once
+            logits = torch.cat([model.pe.logits(q[i:i + 1].float(), k[i:i + 1].float(), 0, layer)[:, heads].cpu()
+                                for i in range(q.shape[0])])
             profiles.append(_distance_profile(logits))
-            probs = torch.softmax(logits.masked_fill(~causal, float("-inf")), dim=-1)  # (samples, heads, L, L)
+            probs = torch.softmax(logits, dim=-1)  # (samples, heads, L, L), causal mask applied
             n = probs.shape[0] * probs.shape[1]
             maps = probs.reshape(n, length, length)
             cols = {

@@ -1,7 +1,8 @@
 """`hdrope bench encodings`: the q/k transform of every registered position encoding, side by side.
 
 Each kind is built with its default config for one attention shape and timed on the same q and k
-(tables for the positions, then the transform of one layer; score-bias kinds time their bias),
+(tables for the positions, then the transform of one layer; score-bias kinds time their bias; a kind with its own
+attention, CoPE, times that attention, to be read against the fused causal SDPA row beside it),
 round-robin in one process with `hdrope.bench.median_round_robin`, against RoPE and an
 elementwise floor (q*2 and k*2). The default encoding (HD-RoPE N = 4 Paley) is listed eager and compiled.
 """
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from hdrope.bench import DTYPES, bench_device, median_round_robin, synced
 from hdrope.errors import UserError
@@ -22,7 +24,9 @@ from trainer.model.args import ModelArgs
 from trainer.model.encodings.base import EncodingShape, PositionModule
 from trainer.model.position import POSITION_ENCODINGS, build_position_encoding, encoding_identity, identity_is_rope
 
-__all__ = ["main", "run_encodings_bench"]
+__all__ = ["SDPA", "main", "run_encodings_bench"]
+
+SDPA = "SDPA attention (reference)"  # the row a kind with its own attention (CoPE) is read against
 
 
 def _variants() -> dict[str, Any]:
@@ -41,14 +45,28 @@ def _variants() -> dict[str, Any]:
     return out
 
 
-def _transform(enc: PositionModule, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor,
+def _transform(enc: PositionModule, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
                backward: bool) -> Callable[[], None]:
     def fwd() -> None:
         tables = enc.tables(pos, q.dtype, q.shape[-2])
         qq, kk = enc.rotate(q, k, tables, 0)
-        enc.score_bias(pos, q.shape[-2])  # ALiBi's cost is its bias
-        if backward and qq.requires_grad:
-            (qq.sum() + kk.sum()).backward()
+        out = [qq, kk]
+        if enc.own_attention:  # its cost is its whole attention (CoPE): read it against the SDPA row
+            out = [enc.attend(qq, kk, v, 0, 0)]
+        else:
+            bias = enc.score_bias(pos, q.shape[-2], 0)  # a bias kind's cost is its bias
+            out += [] if bias is None else [bias]
+        if backward and any(t.requires_grad for t in out):
+            sum(t.sum() for t in out if t.requires_grad).backward()
+
+    return fwd
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backward: bool) -> Callable[[], None]:
+    def fwd() -> None:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if backward:
+            out.sum().backward()
 
     return fwd
 
@@ -60,18 +78,18 @@ def run_encodings_bench(shape: tuple[int, int, int, int] = (8, 8, 1024, 64), rou
     _b, h, s, d = shape
     torch.manual_seed(0)
     dev = torch.device(device)
-    q, k = torch.randn(shape, device=dev, dtype=dtype), torch.randn(shape, device=dev, dtype=dtype)
-    qg, kg = q.clone().requires_grad_(True), k.clone().requires_grad_(True)
+    q, k, v = (torch.randn(shape, device=dev, dtype=dtype) for _ in range(3))
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
     pos = torch.arange(s, device=dev)
     dims = EncodingShape(d, h, h, 1, s)
-    fwd: dict[str, Callable[[], object]] = {"floor": lambda: (q * 2.0, k * 2.0)}
-    bwd: dict[str, Callable[[], object]] = {}
+    fwd: dict[str, Callable[[], object]] = {"floor": lambda: (q * 2.0, k * 2.0), SDPA: _sdpa(q, k, v, False)}
+    bwd: dict[str, Callable[[], object]] = {SDPA: _sdpa(qg, kg, vg, True)}
     variants = _variants()
     rope = next(label for label, cfg in variants.items() if identity_is_rope(encoding_identity(cfg)))
     for label, cfg in variants.items():
         enc = build_position_encoding(cfg, dims).to(dev)
-        fwd[label] = _transform(enc, q, k, pos, backward=False)
-        bwd[label] = _transform(enc, qg, kg, pos, backward=True)
+        fwd[label] = _transform(enc, q, k, v, pos, backward=False)
+        bwd[label] = _transform(enc, qg, kg, vg, pos, backward=True)
     t_f, t_b = median_round_robin(synced(fwd, dev), rounds), median_round_robin(synced(bwd, dev), rounds)
     floor = t_f.pop("floor")
     return [{"encoding": name, "fwd_ms": ms, "fwd_vs_rope": ms / t_f[rope], "fwd_vs_floor": ms / floor,

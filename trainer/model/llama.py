@@ -1,8 +1,9 @@
 """A compact Llama-3-style decoder with a pluggable position encoding (one readable file).
 
-RMSNorm, SwiGLU, grouped-query attention through F.scaled_dot_product_attention(is_causal=True),
-no biases, N(0, init_std) init (the paper's 0.02), optional depth-scaled output projections and
-tied embeddings. Its arguments, `ModelArgs`, sit beside it in `trainer.model.args`.
+RMSNorm, SwiGLU, grouped-query attention through the encoding's `attend` (F.scaled_dot_product_attention,
+causal, with the encoding's score bias as a float mask where it has one), no biases, N(0, init_std) init (the
+paper's 0.02), optional depth-scaled output projections and tied embeddings. Its arguments, `ModelArgs`, sit
+beside it in `trainer.model.args`.
 """
 
 from __future__ import annotations
@@ -79,17 +80,7 @@ class Attention(nn.Module):
             k, v = ctx.cache.update(self.layer, k, v)
         if ctx.capture is not None:
             ctx.capture[self.layer] = (q, k)
-        gqa = self.n_kv_heads != self.n_heads
-        bias = pe.score_bias(torch.arange(past, past + s, device=x.device), past + s)
-        if bias is not None:  # attention-bias encodings (ALiBi): causal mask and bias as one float mask
-            causal = torch.ones(s, past + s, dtype=torch.bool, device=x.device).tril(diagonal=past)
-            mask = bias.to(q.dtype).masked_fill(~causal, float("-inf"))
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
-        elif past == 0:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        else:  # queries sit at the end of the keys: causal mask aligned bottom-right
-            mask = torch.ones(s, past + s, dtype=torch.bool, device=x.device).tril(diagonal=past)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        y = pe.attend(q, k, v, past, self.layer)
         return self.wo(y.transpose(1, 2).reshape(b, s, -1))
 
 

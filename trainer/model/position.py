@@ -1,10 +1,10 @@
 """The registry of position-encoding kinds for the compact Llama, chosen by `model.pe.kind`: the only list of kinds.
 
-Each kind's module under `trainer.model.encodings` (rope, hdrope, nope, partial_rope, p_rope, xpos, alibi,
-fope, rpe3d, learned_basis) holds one `EncodingKind`: its typed config, its builder, its identity row and
-identity keys, whether a config of it is exactly RoPE, its dedup-canonical config, its problems (found
-without building), whether q·k depends only on m - n, its exact Hugging Face Llama rotary (exportability),
-and its parameter and FLOP contributions. `register_kind` adds one; everything else reads them here.
+Each kind's module under `trainer.model.encodings` (one per name in `KIND_MODULES` below) holds one
+`EncodingKind`: its typed config, its builder, its identity row and identity keys, whether a config of it is
+exactly RoPE, its dedup-canonical config, its problems (found without building), whether q·k depends only on
+m - n, its exact Hugging Face Llama rotary (exportability), and its parameter and FLOP contributions.
+`register_kind` adds one; everything else reads them here.
 
 `encoding_identity(pe)` is the one place that says which encoding a run used: every artifact
 (results table, passkey table, attention dumps), the plan, MLflow run names, the report and the
@@ -48,7 +48,7 @@ __all__ = [
     "step_cost_key",
 ]
 
-PositionEncoding = PositionModule  # what the model calls: tables / rotate / score_bias
+PositionEncoding = PositionModule  # what the model calls: tables / rotate / attend (score_bias, logits)
 
 # Building an encoding fills its cos/sin tables for model.max_seq_len positions: float64 phases, then float32
 # cos and sin of head_dim channels, about TABLE_BYTES_PER_VALUE bytes per position and channel at the peak.
@@ -69,7 +69,8 @@ def register_kind(kind: EncodingKind) -> EncodingKind:
 
 # The lab's kinds: the modules under trainer/model/encodings/ that hold one KIND each. Adding a kind is its module
 # and its name here.
-KIND_MODULES = ("rope", "hdrope", "nope", "partial_rope", "p_rope", "xpos", "alibi", "fope", "rpe3d", "learned_basis")
+KIND_MODULES = ("rope", "hdrope", "nope", "partial_rope", "p_rope", "xpos", "alibi", "fope", "rpe3d", "learned_basis",
+                "fire", "kerple", "t5_bias", "cope")
 
 for _name in KIND_MODULES:
     register_kind(importlib.import_module(f"trainer.model.encodings.{_name}").KIND)
@@ -156,10 +157,11 @@ def dedup_pe(pe: Any) -> Any:
 
 def check_exportable(pe: Any) -> None:
     """UserError unless the kind has an exact Hugging Face Llama equivalent (rope, hdrope)."""
-    if not _checked(pe).exportable:
+    kind = _checked(pe)
+    if not kind.exportable:
         exportable = sorted(k for k, v in POSITION_ENCODINGS.items() if v.exportable)
-        raise UserError(f"model.pe.kind={pe.kind!r} is not exportable to HF Llama: it has no exact rotary "
-                        f"equivalent there (only {' and '.join(exportable)}, whose rotation folds into W_q/W_k, are)")
+        raise UserError(f"model.pe.kind={pe.kind!r} is not exportable to HF Llama: {kind.no_export} (only "
+                        f"{' and '.join(exportable)}, whose rotation folds into W_q/W_k, are)")
 
 
 def hf_rotary(pe: Any, shape: EncodingShape) -> HDRotary:

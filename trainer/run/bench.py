@@ -10,13 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 
 from hdrope.bench import bench_device, median_round_robin
 from trainer.model.llama import Llama, ModelArgs, validate_model_args
-from trainer.model.position import build_position_encoding
+from trainer.model.position import build_position_encoding, pe_config_class
 from trainer.model.throughput import flops_per_token, peak_flops
 from trainer.presets import load_model_args
 
@@ -51,8 +52,6 @@ def train_step_fn(model: torch.nn.Module, tokens: torch.Tensor, hf: bool = False
 
 
 def _variant_args(base: ModelArgs, kind: str, n: int, basis: str, fused: bool | None) -> ModelArgs:
-    from dataclasses import replace
-
     return replace(base, pe=replace(base.pe, kind=kind, rotation_dim=n, basis=basis, fused=fused))
 
 
@@ -65,11 +64,13 @@ def run_train_bench(
     with_hf: bool = True,
     device: str = "cpu",
     compile_model: bool = False,
+    kinds: tuple[str, ...] = (),
 ) -> dict:
     """Measure step times on `device`; return {rows: [...], tokens_per_step, peak_flops}.
 
     The lab's variants share one model's weights and optimizer and differ only in the position encoding
-    module swapped in before each step (so a 1.3B preset fits once in memory); HF Llama has its own."""
+    module swapped in before each step (so a 1.3B preset fits once in memory); HF Llama has its own. `kinds`
+    adds each named kind at its default config (its own parameters are trained by backward, not stepped)."""
     base = load_model_args(preset)
     dev = torch.device(device)
     torch.manual_seed(0)
@@ -79,6 +80,8 @@ def run_train_bench(
     for n in dims:
         variants[f"{n}D-paley"] = _variant_args(base, "hdrope", n, "paley", False)
         variants[f"{n}D-paley-fused"] = _variant_args(base, "hdrope", n, "paley", True)
+    for kind in kinds:
+        variants[kind] = replace(base, pe=pe_config_class(kind)(kind=kind))
     torch.manual_seed(0)
     model = Llama(variants["rope"]).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
@@ -143,12 +146,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda or cuda:N")
     p.add_argument("--compile", choices=["auto", "on", "off"], default="auto",
                    help="torch.compile every model (auto: on CUDA)")
+    p.add_argument("--kinds", nargs="+", default=[], metavar="KIND",
+                   help="also time these model.pe.kind values at their defaults (e.g. fire kerple t5_bias cope)")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
     device = str(bench_device(a.device))
     compiled = a.compile == "on" or (a.compile == "auto" and device.startswith("cuda"))
-    res = run_train_bench(a.preset, a.batch, tuple(a.dims), a.rounds, a.dtype, not a.no_hf, device, compiled)
+    res = run_train_bench(a.preset, a.batch, tuple(a.dims), a.rounds, a.dtype, not a.no_hf, device, compiled,
+                          tuple(a.kinds))
     if a.json:
         print(json.dumps(res, indent=1))
         return 0

@@ -40,7 +40,7 @@ class ALiBi(PositionModule):
     def extra_repr(self) -> str:
         return f"heads={self.slopes.numel()}"
 
-    def score_bias(self, q_positions, kv_len):
+    def score_bias(self, q_positions, kv_len, layer=0):
         keys = torch.arange(kv_len, device=q_positions.device, dtype=torch.float32)
         dist = q_positions.to(torch.float32).unsqueeze(-1) - keys  # (seq, kv_len)
         return -self.slopes.to(q_positions.device)[:, None, None] * dist

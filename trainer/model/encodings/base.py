@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -21,7 +23,14 @@ class EncodingShape:
 
 
 class PositionModule(nn.Module):
-    """Base of the encodings: `tables` once per forward pass, then `rotate` per layer, `score_bias` per layer."""
+    """Base of the encodings: `tables` once per forward pass, then per layer `rotate` and `attend`.
+
+    `attend` is the layer's causal attention: PyTorch's fused SDPA, with the kind's `score_bias` (if any) merged
+    with the causal mask into one additive float mask. A kind whose logits depend on q and k beyond q·k (CoPE)
+    overrides `logits` and sets `own_attention`, and `attend` then runs the softmax over those logits itself.
+    `logits` is the one definition of what the softmax sees, which the attention dump reads for every kind."""
+
+    own_attention = False  # True: attention is this module's explicit logits and softmax, not fused SDPA
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype, length: int | None = None) -> Any:
         """Whatever `rotate` needs for these positions ((seq,) or (batch, seq)), computed once per forward.
@@ -36,9 +45,43 @@ class PositionModule(nn.Module):
         """q (batch, heads, seq, d) and k (batch, kv_heads, seq, d) after the encoding's transform at `layer`."""
         return q, k
 
-    def score_bias(self, q_positions: torch.Tensor, kv_len: int) -> torch.Tensor | None:
-        """Additive float bias (heads, seq, kv_len) on the attention logits, or None (most kinds)."""
+    def score_bias(self, q_positions: torch.Tensor, kv_len: int, layer: int = 0) -> torch.Tensor | None:
+        """Additive float bias (heads, seq, kv_len) on the scaled attention logits of queries at q_positions (seq,)
+        over keys 0..kv_len-1 at `layer`, or None (most kinds)."""
         return None
+
+    def logits(self, q: torch.Tensor, k: torch.Tensor, past: int, layer: int = 0) -> torch.Tensor:
+        """The attention logits (batch, heads, seq, past + seq) the softmax sees, -inf where the causal mask hides a
+        key: q·k/√d plus the score bias. q (batch, heads, seq, d) sits at positions past.., k (batch, kv_heads,
+        past + seq, d) at 0.. (grouped-query keys are shared by their query heads)."""
+        s, kv = q.shape[-2], k.shape[-2]
+        keys = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        out = q @ keys.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        bias = self.score_bias(torch.arange(past, kv, device=q.device), kv, layer)
+        if bias is not None:
+            out = out + bias.to(out.dtype)
+        return out.masked_fill(~causal_mask(s, past, q.device), float("-inf"))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int, layer: int = 0) -> torch.Tensor:
+        """Causal attention output (batch, heads, seq, d) of queries at positions past.. over keys and values at
+        0..past+seq-1 (k, v with kv_heads heads): fused SDPA (the bias as a float mask) unless `own_attention`."""
+        s, gqa = q.shape[-2], k.shape[1] != q.shape[1]
+        if self.own_attention:
+            probs = torch.softmax(self.logits(q, k, past, layer).float(), dim=-1).to(v.dtype)
+            return probs @ v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        bias = self.score_bias(torch.arange(past, past + s, device=q.device), past + s, layer)
+        if bias is not None:  # attention-bias encodings: causal mask and bias as one float mask
+            mask = bias.to(q.dtype).masked_fill(~causal_mask(s, past, q.device), float("-inf"))
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        if past == 0:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        # queries sit at the end of the keys: causal mask aligned bottom-right
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(s, past, q.device), enable_gqa=gqa)
+
+
+def causal_mask(seq: int, past: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """(seq, past + seq) bool, True where query past + i may see key j (j <= past + i): bottom-right aligned."""
+    return torch.ones(seq, past + seq, dtype=torch.bool, device=device).tril(diagonal=past)
 
 
 def positions_bound(positions: torch.Tensor, length: int | None = None) -> int:
