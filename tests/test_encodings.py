@@ -247,14 +247,15 @@ def test_checkpoint_state_holds_fixed_random_tensors_but_not_caches():
     assert "pe.a" in set(Llama(_tiny_args("learned_basis")).state_dict())
 
 
-def test_only_rope_and_hdrope_are_exportable():
+def test_only_rope_hdrope_and_string_are_exportable_and_the_rest_say_why():
     for kind in POSITION_ENCODINGS:
         pe = pe_config_class(kind)(kind=kind)
-        if kind in ("rope", "hdrope"):
+        if kind in ("rope", "hdrope", "string"):
             check_exportable(pe)
         else:
-            with pytest.raises(UserError, match=f"kind='{kind}' is not exportable"):
+            with pytest.raises(UserError, match=f"kind='{kind}' is not exportable") as err:
                 check_exportable(pe)
+            assert POSITION_ENCODINGS[kind].not_exportable in str(err.value)
 
 
 def test_each_kind_has_its_own_label_and_identity_columns():

@@ -24,7 +24,6 @@ their key-value metadata (`hdrope.dump_schema`).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,7 +136,7 @@ def dump_attention(model: Llama, tokens: torch.Tensor, cfg: DumpConfig, ids: Dum
             q, k = capture[layer]
             q, k = q.float().cpu(), k.float().cpu()
             k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)[:, heads]
-            logits = (q[:, heads] @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+            logits = (q[:, heads] @ k.transpose(-1, -2)) * model.pe.softmax_scale(q.shape[-1])
             if bias is not None:  # attention-bias encodings (ALiBi): the logits the model's softmax sees
                 logits = logits + bias[heads]
             profiles.append(_distance_profile(logits))

@@ -80,16 +80,17 @@ class Attention(nn.Module):
         if ctx.capture is not None:
             ctx.capture[self.layer] = (q, k)
         gqa = self.n_kv_heads != self.n_heads
+        scale = pe.softmax_scale(q.shape[-1])
         bias = pe.score_bias(torch.arange(past, past + s, device=x.device), past + s)
         if bias is not None:  # attention-bias encodings (ALiBi): causal mask and bias as one float mask
             causal = torch.ones(s, past + s, dtype=torch.bool, device=x.device).tril(diagonal=past)
             mask = bias.to(q.dtype).masked_fill(~causal, float("-inf"))
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa, scale=scale)
         elif past == 0:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa, scale=scale)
         else:  # queries sit at the end of the keys: causal mask aligned bottom-right
             mask = torch.ones(s, past + s, dtype=torch.bool, device=x.device).tril(diagonal=past)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa, scale=scale)
         return self.wo(y.transpose(1, 2).reshape(b, s, -1))
 
 

@@ -40,6 +40,16 @@ class PositionModule(nn.Module):
         """Additive float bias (heads, seq, kv_len) on the attention logits, or None (most kinds)."""
         return None
 
+    def softmax_scale(self, width: int) -> float:
+        """The factor on q'·k' before the softmax, for transformed q/k of `width` channels: 1/√width (SDPA's
+        default) unless the kind widens q and k (PoPE: 1/√head_dim)."""
+        return width**-0.5
+
+    def fold(self, layer: int) -> torch.Tensor | None:
+        """The orthogonal B (KV heads or 1, d, d) with this transform = B·R(m)·Bᵀ at `layer`, R the kind's
+        `hf_rotary`, so HF's W_q/W_k rows are Bᵀ·W (exact export); None: B = I (rope, hdrope)."""
+        return None
+
 
 def positions_bound(positions: torch.Tensor, length: int | None = None) -> int:
     """One past the largest position: `length` when the caller knows it, else read from the tensor (a sync)."""

@@ -46,6 +46,7 @@ class EncodingKind:
     problems: Callable[[Any, EncodingShape], list[str]] = no_problems  # every reason `build` would refuse, unbuilt
     tables: bool = True  # builds cos/sin tables of max_seq_len positions (checked against the table limit)
     hf_rotary: Callable[[Any, EncodingShape], HDRotary] | None = None  # its exact HF Llama rotary; None: none
+    not_exportable: str = "it has no exact rotary equivalent there"  # why not, when hf_rotary is None
     params: Callable[[Any, EncodingShape], int] = _none  # trainable parameters of the built module
     flops: Callable[[Any, EncodingShape], float] = _none  # matmul FLOPs per token of its transform, fwd + bwd
     cost_keys: tuple[str, ...] = ()  # config fields besides the kind that change the training step time
