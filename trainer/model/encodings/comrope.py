@@ -45,10 +45,10 @@ class ComRoPE(GeneratorRotary):
         self.multiplier = (nn.Parameter(torch.randn(s.n_layers, 1, self.n_blocks, 1, 1, generator=gen))
                            if pe.variant == "ld" else None)
 
-    def generator(self, layer):
-        f = self.angles[layer]
+    def generator(self, layer, dtype=torch.float64):
+        f = self.angles[layer].to(dtype)
         skew = f - f.transpose(-1, -2)
-        return skew if self.multiplier is None else skew * self.multiplier[layer]
+        return skew if self.multiplier is None else skew * self.multiplier[layer].to(dtype)
 
 
 def _check(pe: ComRoPEConfig, s: EncodingShape) -> None:

@@ -2,8 +2,8 @@
 
 Each head's channels split into contiguous blocks of `block` channels; block b of layer l (and KV head h)
 turns by exp(m·s·S[l, h, b]) at position m, S skew-symmetric and s the kind's position scale. The powers
-R(m) = exp(s·S)^m for m < L are formed once per forward and layer by doubling (log₂ L batched matmuls on one
-matrix exponential), not by one matrix exponential per position; q and k are then mixed block by block.
+R(m) = exp(s·S)^m for m < L are formed once per forward and layer in float64 by doubling (log₂ L batched
+matmuls on one matrix exponential), not by one matrix exponential per position; q and k are then mixed block by block.
 Because every R(m) is orthogonal and R(m)ᵀR(n) = R(n - m), q'·k' depends on m - n only.
 """
 
@@ -48,8 +48,8 @@ class GeneratorRotary(PositionModule):
     def extra_repr(self) -> str:
         return f"block={self.block}, n_blocks={self.n_blocks}, position_scale={self.scale:.6g}"
 
-    def generator(self, layer: int) -> torch.Tensor:
-        """S at layer: (KV heads or 1, n_blocks, block, block), skew-symmetric, per unit position."""
+    def generator(self, layer: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """S at layer in dtype: (KV heads or 1, n_blocks, block, block), skew-symmetric, per unit position."""
         raise NotImplementedError
 
     def tables(self, positions, dtype, length=None):
@@ -57,9 +57,11 @@ class GeneratorRotary(PositionModule):
         return pos, positions_bound(pos, length), compute_dtype(dtype)
 
     def rotations(self, layer: int, pos: torch.Tensor, bound: int, dtype: torch.dtype) -> torch.Tensor:
-        """R(m) at the positions (batch, seq): (batch, KV heads or 1, seq, n_blocks, block, block) in dtype."""
-        step = torch.linalg.matrix_exp(self.generator(layer).to(dtype) * self.scale)
-        table = matrix_powers(step, bound)  # (heads, n_blocks, bound, block, block)
+        """R(m) at the positions (batch, seq): (batch, KV heads or 1, seq, n_blocks, block, block) in dtype.
+
+        Formed in float64 (a float32 exponential of a large m·S is off by ~1e-5 of |x|), then cast."""
+        step = torch.linalg.matrix_exp(self.generator(layer) * self.scale)
+        table = matrix_powers(step, bound).to(dtype)  # (heads, n_blocks, bound, block, block)
         return table.permute(2, 0, 1, 3, 4)[pos.to(table.device)].transpose(1, 2)
 
     def mix(self, x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
