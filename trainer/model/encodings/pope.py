@@ -50,7 +50,7 @@ class PoPE(PositionModule):
 
     def rotate(self, q, k, tables, layer=0):
         cos, sin = tables  # (batch or 1, 1, seq, d)
-        delta = self.bias[layer].clamp(-2 * torch.pi, 0.0).to(cos.dtype)[None, :, None, :]  # (1, heads, 1, d)
+        delta = self.bias[layer].to(cos.dtype).clamp(-2 * torch.pi, 0.0)[None, :, None, :]  # (1, heads, 1, d)
         # cos(φ - δ), sin(φ - δ) on the queries
         dc, ds = torch.cos(delta), torch.sin(delta)
         return self._polar(q, cos * dc + sin * ds, sin * dc - cos * ds), self._polar(k, cos, sin)

@@ -50,7 +50,7 @@ class CayleySTRING(PositionModule):
         return f"rotation_dim={self.phases.rot.rotation_dim}, bases={tuple(self.a.shape[:2])}"
 
     def fold(self, layer):
-        return orthogonal(self.a[layer], "cayley")
+        return orthogonal(self.a[layer].double(), "cayley")  # formed in float64, cast by the caller
 
     def tables(self, positions, dtype, length=None):
         return self.phases.lookup(positions, dtype, length)
@@ -62,7 +62,7 @@ class CayleySTRING(PositionModule):
 
     def rotate(self, q, k, tables, layer=0):
         cos, sin = tables
-        p = orthogonal(self.a[layer].to(cos.dtype), "cayley")  # (KV heads or 1, d, d)
+        p = self.fold(layer).to(cos.dtype)  # (KV heads or 1, d, d)
         p_q = p.repeat_interleave(self.group, dim=0) if p.shape[0] > 1 else p
         return self._one(q, p_q, cos, sin), self._one(k, p, cos, sin)
 
