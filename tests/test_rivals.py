@@ -285,3 +285,18 @@ def test_each_rival_trains_on_the_tiny_preset(tiny_cfg, kind):
                    "eval.passkey.enabled=false", "eval.extrapolation_batches=0", out=kind)
     result = train(cfg)
     assert math.isfinite(result.metrics["val_loss"]) and math.isfinite(result.metrics["train_loss"])
+
+
+@pytest.mark.parametrize("kind", ["liere", "comrope"])
+def test_positions_per_batch_row_turn_each_row_as_its_own_positions(kind):
+    enc = _enc(kind, **({"per_head": True, "block_dim": 4} if kind == "liere" else {}))
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 4, 5, D, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 2, 5, D, generator=g, dtype=torch.float64)
+    rows = torch.stack([torch.arange(5), torch.arange(30, 35)])
+    with torch.no_grad():
+        both = enc.rotate(q, k, enc.tables(rows, torch.float64), 1)
+        for r in range(2):
+            one = enc.rotate(q[r:r + 1], k[r:r + 1], enc.tables(rows[r], torch.float64), 1)
+            torch.testing.assert_close(both[0][r:r + 1], one[0])
+            torch.testing.assert_close(both[1][r:r + 1], one[1])

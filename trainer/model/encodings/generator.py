@@ -1,13 +1,16 @@
-"""What LieRE, ComRoPE and Circulant-STRING share: rotations exp(m·S) of learned skew-symmetric generators.
+"""What LieRE and ComRoPE share: rotations exp(m·S) of learned skew-symmetric generators.
 
 Each head's channels split into contiguous blocks of `block` channels; block b of layer l (and KV head h)
-turns by exp(m·s·S[l, h, b]) at position m, S skew-symmetric and s the kind's position scale. The powers
-R(m) = exp(s·S)^m for m < L are formed once per forward and layer in float64 by doubling (log₂ L batched
-matmuls on one matrix exponential), not by one matrix exponential per position; q and k are then mixed block by block.
+turns by R(m) = exp(m·s·S[l, h, b]) at position m, S skew-symmetric and s the kind's position scale. Once per
+forward and layer: one matrix exponential, two tables of about √L powers of it (float64, by doubling) and one batched
+product R(m) = R(B·⌊m/B⌋)·R(m mod B) for the positions in use; no exponential per position. q and k are then mixed
+block by block, one matmul per position and block over every vector at that position.
 Because every R(m) is orthogonal and R(m)ᵀR(n) = R(n - m), q'·k' depends on m - n only.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -59,19 +62,32 @@ class GeneratorRotary(PositionModule):
     def rotations(self, layer: int, pos: torch.Tensor, bound: int, dtype: torch.dtype) -> torch.Tensor:
         """R(m) at the positions (batch, seq): (batch, KV heads or 1, seq, n_blocks, block, block) in dtype.
 
-        Formed in float64 (a float32 exponential of a large m·S is off by ~1e-5 of |x|), then cast."""
+        R(m) = R(B·⌊m/B⌋)·R(m mod B), B = ⌈√bound⌉, from two tables of about √bound powers formed in float64 (a
+        power R^m formed in float32 is off by about m·1e-7 of |x|), multiplied once in dtype."""
         step = torch.linalg.matrix_exp(self.generator(layer) * self.scale)
-        table = matrix_powers(step, bound).to(dtype)  # (heads, n_blocks, bound, block, block)
-        return table.permute(2, 0, 1, 3, 4)[pos.to(table.device)].transpose(1, 2)
+        size = math.isqrt(max(bound - 1, 0)) + 1
+        low = matrix_powers(step, size).to(dtype).transpose(0, 2)  # (size, n_blocks, heads, block, block)
+        high = matrix_powers(torch.linalg.matrix_power(step, size), (bound - 1) // size + 1).to(dtype).transpose(0, 2)
+        flat = pos.reshape(-1).to(low.device)
+        rot = high.index_select(0, torch.div(flat, size, rounding_mode="floor")) @ low.index_select(0, flat % size)
+        return rot.reshape(*pos.shape, *rot.shape[1:]).permute(0, 3, 1, 2, 4, 5)
 
     def mix(self, x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
-        """R·x block by block: x (batch, heads, seq, d), rot from `rotations` (its heads 1 or x's)."""
+        """R·x block by block: x (batch, heads, seq, d); rot from `rotations`, its heads 1 or a divisor of x's
+        (x's heads in groups of heads/rot-heads share one generator, as query heads share their KV head's)."""
         b, h, s, d = x.shape
-        xb = x.to(rot.dtype).reshape(b, h, s, self.n_blocks, self.block)
-        return torch.einsum("bhsnij,bhsnj->bhsni", rot, xb).reshape(b, h, s, d).to(x.dtype)
+        gens = rot.shape[1]
+        if rot.shape[0] != 1:  # positions per batch row: one small product per vector
+            rot = rot.repeat_interleave(h // gens, dim=1)
+            xb = x.to(rot.dtype).reshape(b, h, s, self.n_blocks, self.block)
+            return torch.einsum("bhsnij,bhsnj->bhsni", rot, xb).reshape(b, h, s, d).to(x.dtype)
+        # positions shared by the batch: each R(m) turns every vector at m in one matmul (batched over m, blocks)
+        xb = x.to(rot.dtype).reshape(b, gens, h // gens, s, self.n_blocks, self.block)
+        cols = xb.permute(1, 3, 4, 5, 0, 2).reshape(gens, s, self.n_blocks, self.block, -1)
+        out = (rot[0] @ cols).reshape(gens, s, self.n_blocks, self.block, b, h // gens)
+        return out.permute(4, 0, 5, 1, 2, 3).reshape(b, h, s, d).to(x.dtype)
 
     def rotate(self, q, k, tables, layer=0):
         pos, bound, dtype = tables
         rot = self.rotations(layer, pos, bound, dtype)
-        rot_q = rot.repeat_interleave(self.group, dim=1) if rot.shape[1] > 1 else rot
-        return self.mix(q, rot_q), self.mix(k, rot)
+        return self.mix(q, rot), self.mix(k, rot)

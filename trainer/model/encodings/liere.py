@@ -65,7 +65,8 @@ def _params(pe: LieREConfig, s: EncodingShape) -> int:
 
 
 def generator_flops(block: int, s: EncodingShape) -> float:
-    """R·x on every block of q and k: 2·block·head_dim per head and layer forward, twice that backward."""
+    """R(m)·x on every block of q and k: 2·block·head_dim per head and layer forward, twice that backward (the
+    rotation table, formed per forward and layer and not per token, is left out)."""
     return 6.0 * block * s.head_dim * (s.n_heads + s.n_kv_heads) * s.n_layers
 
 
