@@ -306,7 +306,7 @@ def test_a_sweep_over_kinds_plans_with_one_label_per_kind(tmp_path):
     assert len(plan.to_run) == len(labels) == 2 * len(with_theta) - 1  # NoPE ignores θ: its two cells are one
 
 
-@pytest.mark.parametrize("kind", ["fope", "alibi", "learned_basis"])
+@pytest.mark.parametrize("kind", ["fope", "alibi", "learned_basis", "pope"])
 def test_a_tiny_run_of_a_new_kind_writes_its_identity_everywhere(tiny_cfg, kind):
     import pyarrow.parquet as pq
 

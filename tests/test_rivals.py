@@ -300,3 +300,22 @@ def test_positions_per_batch_row_turn_each_row_as_its_own_positions(kind):
             one = enc.rotate(q[r:r + 1], k[r:r + 1], enc.tables(rows[r], torch.float64), 1)
             torch.testing.assert_close(both[0][r:r + 1], one[0])
             torch.testing.assert_close(both[1][r:r + 1], one[1])
+
+
+def test_pope_attention_scales_its_2d_wide_logits_by_one_over_sqrt_head_dim():
+    from trainer.model.llama import Llama, ModelArgs, _Context
+
+    torch.manual_seed(0)
+    model = Llama(ModelArgs(vocab_size=32, dim=64, n_layers=1, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=16,
+                            pe=pe_config_class("pope")()))
+    attn, capture = model.layers[0].attention, {}
+    h = model.layers[0].attention_norm(model.tok_embeddings(torch.randint(0, 32, (2, 9))))
+    with torch.no_grad():
+        out = attn(h, model.pe, model.pe.tables(torch.arange(9), h.dtype, 9), _Context(capture=capture))
+        q, k = capture[0]
+        assert q.shape[-1] == 2 * attn.head_dim
+        v = attn.wv(h).view(2, 9, 2, attn.head_dim).transpose(1, 2).repeat_interleave(2, dim=1)
+        logits = q @ k.repeat_interleave(2, dim=1).transpose(-1, -2) / math.sqrt(attn.head_dim)
+        probs = logits.masked_fill(~torch.ones(9, 9, dtype=torch.bool).tril(), float("-inf")).softmax(-1)
+        want = attn.wo((probs @ v).transpose(1, 2).reshape(2, 9, -1))
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
