@@ -157,3 +157,22 @@ def test_export_from_another_directory_ships_the_runs_own_tokenizer_and_its_ids(
     x = torch.tensor([tok.encode("To be, or not to be")])
     with torch.no_grad():
         torch.testing.assert_close(hf(x).logits, model(x), atol=1e-4, rtol=0)
+
+
+def test_hdrope_export_of_a_trained_string_checkpoint_gives_its_logits(tmp_path, cache_dir):
+    from transformers import LlamaForCausalLM
+
+    from trainer.export.hf_export import export_checkpoint
+    from trainer.run.loop import train
+    from trainer.run.trained import load_trained
+
+    cfg = load_config("tiny", [f"data.cache_dir={cache_dir}", f"train.out_dir={tmp_path / 'run'}", "train.steps=6",
+                               "eval.passkey.enabled=false", "eval.extrapolation_batches=0", "model.pe.kind=string",
+                               "model.pe.per_head=true"])
+    ckpt = train(cfg).checkpoint
+    model = load_trained(ckpt).model
+    assert model.pe.a.abs().max() > 0  # the basis was trained away from the identity
+    hf = LlamaForCausalLM.from_pretrained(export_checkpoint(ckpt, tmp_path / "hf")).eval()
+    x = torch.randint(0, cfg.model.vocab_size, (2, 80))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x).logits, model(x), atol=1e-4, rtol=0)
