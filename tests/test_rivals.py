@@ -319,3 +319,19 @@ def test_pope_attention_scales_its_2d_wide_logits_by_one_over_sqrt_head_dim():
         probs = logits.masked_fill(~torch.ones(9, 9, dtype=torch.bool).tril(), float("-inf")).softmax(-1)
         want = attn.wo((probs @ v).transpose(1, 2).reshape(2, 9, -1))
     torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_sweep_of_the_rivals_trains_and_reports_each_under_its_label(sweep_trainer, short_sweep_spec):
+    import pyarrow.parquet as pq
+
+    from analysis.report import build_report
+
+    plan = sweep_trainer(short_sweep_spec("rivals", 2, {"model.pe.kind": RIVALS}))
+    results = pq.read_table(plan.root / "results.parquet").to_pandas()
+    labels = {c.config.model.pe.kind: encoding_identity(c.config.model.pe)["pe_label"] for c in plan.to_run}
+    assert dict(zip(results["pe_kind"], results["pe_label"], strict=True)) == labels and len(labels) == len(RIVALS)
+    assert (results["status"] == "FINISHED").all()
+    md = build_report(plan.root).read_text()
+    for label in labels.values():
+        assert f"| {label} |" in md, label
