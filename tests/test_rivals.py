@@ -190,13 +190,40 @@ def test_string_is_rope_in_an_orthogonal_basis_per_layer_and_kv_head():
         torch.testing.assert_close(out[:, head:head + 1], inner @ p.T, atol=1e-10, rtol=0)
 
 
+def test_circulant_string_is_exp_of_a_skew_circulant_with_ropes_fastest_frequencies_at_the_start():
+    enc = _enc("string", variant="circulant", per_head=True)
+    spectrum = torch.linalg.eigvals(enc.generator(0)[0, 0]).imag.abs().sort().values
+    rope = torch.from_numpy(10000.0 ** (-np.arange(D // 2 - 1) * 2 / D))
+    want = torch.cat([torch.zeros(2, dtype=torch.float64), rope.repeat_interleave(2)]).sort().values
+    torch.testing.assert_close(spectrum, want, atol=1e-6, rtol=0)
+    with torch.no_grad():
+        enc.c.normal_(0, 0.3)
+    x = _x()
+    out = _rotate(enc, x, 1)
+    for head in (1, 2):
+        c = enc.c[1, head // 2].detach().double()
+        circ = torch.stack([torch.roll(c, i) for i in range(D)])  # row i is c shifted right by i: C[i, j] = c[j - i]
+        for m in (0, 3, 39):
+            r = torch.linalg.matrix_exp(m * (circ - circ.T))
+            torch.testing.assert_close(out[0, head, m], r @ x[0, head, m], atol=1e-9, rtol=0)
+
+
+def test_circulant_string_export_is_refused_with_its_reason():
+    from trainer.export.hf_export import hf_rotary_map
+    from trainer.presets import load_config
+
+    with pytest.raises(UserError, match="variant='circulant' is not exportable to HF Llama: its frequencies are"):
+        hf_rotary_map(load_config("tiny", ["model.pe.kind=string", "model.pe.variant=circulant"]).model)
+
+
 # --- everything flows -----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["liere", "comrope", "string"])
-def test_flops_are_what_the_transform_multiplies(kind):
+@pytest.mark.parametrize("kind,fields", [("liere", {}), ("comrope", {}), ("string", {}),
+                                         ("string", {"variant": "circulant"})])
+def test_flops_are_what_the_transform_multiplies(kind, fields):
     """The kind's FLOPs per token (one layer) equal the matmul FLOPs its forward + backward adds per token."""
     shape = EncodingShape(head_dim=D, n_heads=4, n_kv_heads=2, n_layers=1, max_seq_len=32)
-    enc = _enc(kind, shape)
+    enc = _enc(kind, shape, **fields)
     seq = 8
 
     def flops(batch: int) -> int:
@@ -209,7 +236,7 @@ def test_flops_are_what_the_transform_multiplies(kind):
         return counter.get_total_flops()
 
     per_token = (flops(3) - flops(1)) / (2 * seq)  # what grows with the tokens (the tables do not)
-    assert per_token == encoding_flops(pe_config_class(kind)(kind=kind), shape)
+    assert per_token == encoding_flops(pe_config_class(kind)(kind=kind, **fields), shape)
 
 
 @pytest.mark.parametrize("overrides,expected", [
@@ -223,6 +250,10 @@ def test_flops_are_what_the_transform_multiplies(kind):
     (["model.pe.kind=string", "model.pe.rotation_dim=3"], "model.pe.rotation_dim=3: must be an even integer >= 2 "
                                                           "dividing head_dim=32"),
     (["model.pe.kind=string", "model.pe.theta=1"], "model.pe (string): theta must be > 1"),
+    (["model.pe.kind=string", "model.pe.variant=fourier"], "model.pe.variant='fourier': choose one of ['cayley', "
+                                                           "'circulant']"),
+    (["model.pe.kind=string", "model.pe.variant=circulant", "model.pe.rotation_dim=4"],
+     "model.pe.variant='circulant' takes rotation_dim 2 (got 4)"),
     (["model.pe.kind=hope", "model.pe.train_len=-4"], "model.pe.train_len=-4: must be an integer >= 0"),
     (["model.pe.kind=rope_mixed", "model.pe.theta=0.5"], "model.pe.theta=0.5: must be a finite number > 1"),
     (["model.pe.kind=pope", "model.pe.theta=-1"], "model.pe.theta=-1"),
@@ -244,6 +275,8 @@ def test_each_rival_has_a_readable_label_and_its_export_refusal_says_why():
                       "rope_mixed": "RoPE-Mixed", "pope": "PoPE", "hope": "HoPE"}
     cfg = pe_config_class("liere")(kind="liere", block_dim=8, per_layer=True, per_head=True)
     assert encoding_identity(cfg)["pe_label"] == "LieRE b8 (per layer, per head)"
+    assert encoding_identity(pe_config_class("string")(kind="string", variant="circulant"))["pe_label"] == (
+        "Circulant-STRING")
     for kind in RIVALS:
         if kind == "string":
             check_exportable(pe_config_class(kind)(kind=kind))
@@ -277,11 +310,12 @@ def test_the_encodings_bench_times_every_rival():
     assert all(math.isfinite(r["fwdbwd_vs_rope"]) and r["fwd_vs_floor"] > 0 for r in rows)
 
 
-@pytest.mark.parametrize("kind", RIVALS)
+@pytest.mark.parametrize("kind", [*RIVALS, "string model.pe.variant=circulant"])
 def test_each_rival_trains_on_the_tiny_preset(tiny_cfg, kind):
     from trainer.run.loop import train
 
-    cfg = tiny_cfg(f"model.pe.kind={kind}", "train.steps=3", "train.eval_every=0", "train.ckpt_every=0",
+    kind, *extra = kind.split()
+    cfg = tiny_cfg(f"model.pe.kind={kind}", *extra, "train.steps=3", "train.eval_every=0", "train.ckpt_every=0",
                    "eval.passkey.enabled=false", "eval.extrapolation_batches=0", out=kind)
     result = train(cfg)
     assert math.isfinite(result.metrics["val_loss"]) and math.isfinite(result.metrics["train_loss"])

@@ -1,4 +1,4 @@
-"""What LieRE and ComRoPE share: rotations exp(m·S) of learned skew-symmetric generators.
+"""What LieRE, ComRoPE and Circulant-STRING share: rotations exp(m·S) of learned skew-symmetric generators.
 
 Each head's channels split into contiguous blocks of `block` channels; block b of layer l (and KV head h)
 turns by R(m) = exp(m·s·S[l, h, b]) at position m, S skew-symmetric and s the kind's position scale. Once per
