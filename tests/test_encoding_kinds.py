@@ -161,7 +161,7 @@ def test_every_kind_has_every_fact_and_they_agree_with_its_module(name):
         args = ModelArgs(vocab_size=32, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=32,
                          pe=pe)
         assert param_count(args) == Llama(args).num_params(), pe
-    assert kind.exportable == (name in ("rope", "hdrope"))
+    assert kind.exportable == (name in ("rope", "hdrope", "string"))
 
 
 def test_checking_a_config_builds_no_encoding(monkeypatch):

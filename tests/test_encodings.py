@@ -249,14 +249,15 @@ def test_checkpoint_state_holds_fixed_random_tensors_but_not_caches():
     assert "pe.a" in set(Llama(_tiny_args("learned_basis")).state_dict())
 
 
-def test_only_rope_and_hdrope_are_exportable():
+def test_only_rope_hdrope_and_string_are_exportable_and_the_rest_say_why():
     for kind in POSITION_ENCODINGS:
         pe = pe_config_class(kind)(kind=kind)
-        if kind in ("rope", "hdrope"):
+        if kind in ("rope", "hdrope", "string"):
             check_exportable(pe)
         else:
-            with pytest.raises(UserError, match=f"kind='{kind}' is not exportable"):
+            with pytest.raises(UserError, match=f"kind='{kind}' is not exportable") as err:
                 check_exportable(pe)
+            assert POSITION_ENCODINGS[kind].no_export in str(err.value)
 
 
 def test_each_kind_has_its_own_label_and_identity_columns():
@@ -307,7 +308,7 @@ def test_a_sweep_over_kinds_plans_with_one_label_per_kind(tmp_path):
     assert len(plan.to_run) == len(labels) == 2 * len(with_theta) - 1  # NoPE ignores θ: its two cells are one
 
 
-@pytest.mark.parametrize("kind", ["fope", "alibi", "learned_basis"])
+@pytest.mark.parametrize("kind", ["fope", "alibi", "learned_basis", "pope"])
 def test_a_tiny_run_of_a_new_kind_writes_its_identity_everywhere(tiny_cfg, kind):
     import pyarrow.parquet as pq
 

@@ -61,6 +61,18 @@ def test_exported_hf_llama_gives_the_same_logits(tmp_path, n, basis, scaling):
             torch.testing.assert_close(out.logits, a, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("n,per_head", [(2, False), (2, True), (4, True)])
+def test_a_trained_looking_string_model_exports_as_plain_hf_rope_with_the_same_logits(tmp_path, n, per_head):
+    """Cayley-STRING is R in a learned basis P per layer (and KV head): P folds into W_q/W_k like HD-RoPE's Q."""
+    cfg, ours, hf = _lab_and_hf(tmp_path, "model.pe.kind=string", f"model.pe.rotation_dim={n}",
+                                f"model.pe.per_head={str(per_head).lower()}")
+    assert ours.pe.a.abs().min() > 0  # the noise moved every basis off the identity
+    assert hf.config.rope_parameters["rope_type"] == ("default" if n == 2 else "longrope")
+    x = torch.randint(0, cfg.model.vocab_size, (2, 96))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x).logits, ours(x), atol=1e-4, rtol=0)
+
+
 def test_rope_exports_as_default_rope_and_hd_rope_as_per_frequency_factors():
     _, rope = hf_rotary_map(load_config("tiny", ["model.pe.kind=rope"]).model)
     assert rope["rope_type"] == "default"
@@ -74,6 +86,8 @@ def test_what_cannot_be_exported_says_so(tmp_path, cache_dir):
 
     with pytest.raises(UserError, match="not exportable to HF Llama"):
         hf_rotary_map(load_config("tiny", ["model.pe.kind=nope"]).model)
+    with pytest.raises(UserError, match="not exportable to HF Llama: its frequencies are learned per layer and head"):
+        hf_rotary_map(load_config("tiny", ["model.pe.kind=rope_mixed"]).model)
     with pytest.raises(UserError, match="depends on the sequence length"):
         hf_rotary_map(load_config("tiny", ["model.pe.scaling={rope_type: dynamic, factor: 2.0}"]).model)
 
@@ -141,5 +155,24 @@ def test_export_from_another_directory_ships_the_runs_own_tokenizer_and_its_ids(
     hf = LlamaForCausalLM.from_pretrained(tmp_path / "hf").eval()
     model = load_trained(ckpt).model
     x = torch.tensor([tok.encode("To be, or not to be")])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x).logits, model(x), atol=1e-4, rtol=0)
+
+
+def test_hdrope_export_of_a_trained_string_checkpoint_gives_its_logits(tmp_path, cache_dir):
+    from transformers import LlamaForCausalLM
+
+    from trainer.export.hf_export import export_checkpoint
+    from trainer.run.loop import train
+    from trainer.run.trained import load_trained
+
+    cfg = load_config("tiny", [f"data.cache_dir={cache_dir}", f"train.out_dir={tmp_path / 'run'}", "train.steps=6",
+                               "eval.passkey.enabled=false", "eval.extrapolation_batches=0", "model.pe.kind=string",
+                               "model.pe.per_head=true"])
+    ckpt = train(cfg).checkpoint
+    model = load_trained(ckpt).model
+    assert model.pe.a.abs().max() > 0  # the basis was trained away from the identity
+    hf = LlamaForCausalLM.from_pretrained(export_checkpoint(ckpt, tmp_path / "hf")).eval()
+    x = torch.randint(0, cfg.model.vocab_size, (2, 80))
     with torch.no_grad():
         torch.testing.assert_close(hf(x).logits, model(x), atol=1e-4, rtol=0)

@@ -142,7 +142,8 @@ def test_default_encoding_is_the_papers_algorithm_2():
     torch.testing.assert_close(rk, algorithm2(k, positions, PEConfig().theta))
 
 
-@pytest.mark.parametrize("kind", ["hdrope", "rope", "fope", "xpos", "p_rope", "learned_basis", "rpe3d", "alibi"])
+@pytest.mark.parametrize("kind", ["hdrope", "rope", "fope", "xpos", "p_rope", "learned_basis", "rpe3d", "alibi",
+                                  "liere", "comrope", "string", "rope_mixed", "pope", "hope"])
 def test_a_forward_reads_no_scalar_back_from_the_device(monkeypatch, kind):
     # On a GPU every .item() stalls the stream; the model knows its positions' bound, so the cached tables grow
     # (here to 3x the train length) without reading the positions tensor.

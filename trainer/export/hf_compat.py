@@ -77,9 +77,11 @@ _LAYER_NAMES = {
 
 
 def to_hf_state_dict(model: Llama) -> dict[str, torch.Tensor]:
-    """Our weights under HF LlamaForCausalLM names."""
+    """Our weights under HF LlamaForCausalLM names (the encoding's own tensors left out)."""
     out: dict[str, torch.Tensor] = {}
     for name, t in model.state_dict().items():
+        if name.startswith("pe."):  # the encoding's own tensors (STRING's basis): folded into q/k by the export
+            continue
         if name == "tok_embeddings.weight":
             out["model.embed_tokens.weight"] = t
         elif name == "norm.weight":

@@ -4,11 +4,12 @@ HD-RoPE with a fixed basis is RoPE on re-parameterised queries and keys (NOTES �
 `hdrope.fold.fold_matrix`, R_Q(m) = B·R_I(m)·Bᵀ, where R_I is the identity-basis rotation (plain
 2×2 pairs). A channel permutation P puts those pairs where HF's rotate-half expects them (pair k =
 channels k and k + d/2), so each head's W_q and W_k rows become P·Bᵀ·W, and attention scores are
-unchanged at every position. The pairs' frequencies (several pairs share one at N > 2, scaled or not)
-are written as HF `longrope` per-frequency factors (short and long lists equal, the attention factor
-explicit); unscaled N = 2 with the identity basis is plain `default` RoPE. Inference then runs at
-RoPE's cost in any HF-compatible engine. Encodings without a rotary form (NoPE) and sequence-length
-dependent scalings (dynamic, longrope) are refused with a clear error.
+unchanged at every position. A kind with a basis of its own (Cayley-STRING's learned C per layer and head,
+`PositionModule.fold`) is R in that basis, so its rows become P·Bᵀ·C_hᵀ·W. The pairs' frequencies (several
+pairs share one at N > 2, scaled or not) are written as HF `longrope` per-frequency factors (short and long
+lists equal, the attention factor explicit); unscaled N = 2 with the identity basis is plain `default` RoPE.
+Inference then runs at RoPE's cost in any HF-compatible engine. Encodings without a rotary form (NoPE) and
+sequence-length dependent scalings (dynamic, longrope) are refused with a clear error.
 
 The directory is written as plain files, without transformers: config.json and generation_config.json
 (the run tokenizer's bos/eos/pad ids), model.safetensors, the run's tokenizer.json when it has one and
@@ -82,14 +83,26 @@ def _check_out_dir(out_dir: Path) -> None:
         raise UserError(f"{out_dir}: not empty; export into a new or empty directory")
 
 
-def _hf_state(model: Llama, m: np.ndarray, head_dim: int, tied: bool) -> dict[str, torch.Tensor]:
-    """Our weights under HF names with each head's q/k rows mapped by m (lm_head left out when tied, as HF saves)."""
-    state = to_hf_state_dict(model)
+def _head_maps(model: Llama, m: np.ndarray, layer: int, heads: int) -> torch.Tensor:
+    """(heads, d, d): m·B_hᵀ per head of q or k at layer, B the encoding's own basis there (`fold`; I if none)."""
     mt = torch.from_numpy(m)
+    with torch.no_grad():
+        basis = model.pe.fold(layer)
+    if basis is None:
+        return mt.expand(heads, -1, -1)
+    basis = basis.detach().cpu().double()
+    return mt @ basis.repeat_interleave(heads // basis.shape[0], dim=0).transpose(-1, -2)
+
+
+def _hf_state(model: Llama, m: np.ndarray, head_dim: int, tied: bool) -> dict[str, torch.Tensor]:
+    """Our weights under HF names with each head's q/k rows mapped by m and the encoding's basis (`fold`), lm_head
+    left out when tied, as HF saves."""
+    state = to_hf_state_dict(model)
     for name, w in state.items():
         if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
             heads = w.double().reshape(-1, head_dim, w.shape[-1])
-            state[name] = torch.einsum("ij,hjk->hik", mt, heads).reshape(w.shape).to(w.dtype)
+            maps = _head_maps(model, m, int(name.split(".")[2]), heads.shape[0])
+            state[name] = torch.einsum("hij,hjk->hik", maps, heads).reshape(w.shape).to(w.dtype)
     if tied:
         state.pop("lm_head.weight")
     return {name: w.detach().cpu().contiguous() for name, w in state.items()}

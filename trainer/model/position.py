@@ -70,7 +70,7 @@ def register_kind(kind: EncodingKind) -> EncodingKind:
 # The lab's kinds: the modules under trainer/model/encodings/ that hold one KIND each. Adding a kind is its module
 # and its name here.
 KIND_MODULES = ("rope", "hdrope", "nope", "partial_rope", "p_rope", "xpos", "alibi", "fope", "rpe3d", "learned_basis",
-                "fire", "kerple", "t5_bias", "cope")
+                "fire", "kerple", "t5_bias", "cope", "liere", "comrope", "string", "rope_mixed", "pope", "hope")
 
 for _name in KIND_MODULES:
     register_kind(importlib.import_module(f"trainer.model.encodings.{_name}").KIND)
@@ -156,12 +156,12 @@ def dedup_pe(pe: Any) -> Any:
 
 
 def check_exportable(pe: Any) -> None:
-    """UserError unless the kind has an exact Hugging Face Llama equivalent (rope, hdrope)."""
+    """UserError, saying why, unless the kind has an exact Hugging Face Llama equivalent (rope, hdrope, string)."""
     kind = _checked(pe)
     if not kind.exportable:
         exportable = sorted(k for k, v in POSITION_ENCODINGS.items() if v.exportable)
         raise UserError(f"model.pe.kind={pe.kind!r} is not exportable to HF Llama: {kind.no_export} (only "
-                        f"{' and '.join(exportable)}, whose rotation folds into W_q/W_k, are)")
+                        f"{', '.join(exportable)}, whose rotation folds into W_q/W_k, are)")
 
 
 def hf_rotary(pe: Any, shape: EncodingShape) -> HDRotary:

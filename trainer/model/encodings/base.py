@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,13 +49,23 @@ class PositionModule(nn.Module):
         over keys 0..kv_len-1 at `layer`, or None (most kinds)."""
         return None
 
+    def softmax_scale(self, width: int) -> float:
+        """The factor on q'·k' before the softmax, for transformed q/k of `width` channels: 1/√width (SDPA's
+        default) unless the kind widens q and k (PoPE: 1/√head_dim)."""
+        return width**-0.5
+
+    def fold(self, layer: int) -> torch.Tensor | None:
+        """The orthogonal B (KV heads or 1, d, d) with this transform = B·R(m)·Bᵀ at `layer`, R the kind's
+        `hf_rotary`, so HF's W_q/W_k rows are Bᵀ·W (exact export); None: B = I (rope, hdrope)."""
+        return None
+
     def logits(self, q: torch.Tensor, k: torch.Tensor, past: int, layer: int = 0) -> torch.Tensor:
         """The attention logits (batch, heads, seq, past + seq) the softmax sees, -inf where the causal mask hides a
-        key: q·k/√d plus the score bias. q (batch, heads, seq, d) sits at positions past.., k (batch, kv_heads,
-        past + seq, d) at 0.. (grouped-query keys are shared by their query heads)."""
+        key: q·k times `softmax_scale` plus the score bias. q (batch, heads, seq, d) sits at positions past..,
+        k (batch, kv_heads, past + seq, d) at 0.. (grouped-query keys are shared by their query heads)."""
         s, kv = q.shape[-2], k.shape[-2]
         keys = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        out = q @ keys.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        out = q @ keys.transpose(-1, -2) * self.softmax_scale(q.shape[-1])
         bias = self.score_bias(torch.arange(past, kv, device=q.device), kv, layer)
         if bias is not None:
             out = out + bias.to(out.dtype)
@@ -65,19 +74,19 @@ class PositionModule(nn.Module):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int, layer: int = 0) -> torch.Tensor:
         """Causal attention output (batch, heads, seq, d) of queries at positions past.. over keys and values at
         0..past+seq-1 (k, v with kv_heads heads): fused SDPA (the bias as a float mask) unless `own_attention`."""
-        s, gqa = q.shape[-2], k.shape[1] != q.shape[1]
+        s, gqa, scale = q.shape[-2], k.shape[1] != q.shape[1], self.softmax_scale(q.shape[-1])
         if self.own_attention:
             probs = torch.softmax(self.logits(q, k, past, layer).float(), dim=-1).to(v.dtype)
             return probs @ v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
         bias = self.score_bias(torch.arange(past, past + s, device=q.device), past + s, layer)
         if bias is not None:  # attention-bias encodings: causal mask and bias as one float mask
             mask = bias.to(q.dtype).masked_fill(~causal_mask(s, past, q.device), float("-inf"))
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa, scale=scale)
         if past == 0:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa, scale=scale)
         # queries sit at the end of the keys: causal mask aligned bottom-right
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(s, past, q.device), enable_gqa=gqa)
-
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(s, past, q.device), enable_gqa=gqa,
+                                              scale=scale)
 
 def causal_mask(seq: int, past: int, device: torch.device | str | None = None) -> torch.Tensor:
     """(seq, past + seq) bool, True where query past + i may see key j (j <= past + i): bottom-right aligned."""
