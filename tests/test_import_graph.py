@@ -115,3 +115,16 @@ def test_every_lab_import_names_something_that_exists():
                 missing += [(module, f"{node.module}.{a.name}") for a in node.names
                             if a.name != "*" and f"{node.module}.{a.name}" not in files and a.name not in defined]
     assert not missing
+
+
+def test_importing_the_config_tree_loads_no_torch_and_no_encoding():
+    """`import trainer.config` (and the `model:` and `optim:` sections it reads) stays light: the encoding registry
+    and torch load when a config is made or checked, not on import."""
+    import subprocess
+    import sys
+
+    code = ("import sys, trainer.config\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('trainer.model.position', "
+            "'trainer.model.encodings', 'trainer.model.llama'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO).stdout
+    assert out.strip() == "[]"
