@@ -55,7 +55,7 @@ def signal_exit_codes() -> Iterator[None]:
     exit_on_signals()
     try:
         yield
-    except BaseException:
+    except BaseException:  # whatever library code turned our stop signal into; anything else is raised again
         if _received:
             raise SystemExit(128 + _received[-1]) from None
         raise

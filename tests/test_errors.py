@@ -98,3 +98,20 @@ def test_a_dump_with_a_damaged_row_group_is_a_user_error_naming_it(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(UserError, match=r"dump\.parquet: row group 0 is unreadable \(\w+\); the file is truncated"):
         load_stats(path)
+
+
+def test_every_broad_except_says_on_its_line_why():
+    """An `except` that catches ValueError or Exception could hide a bug, so its line says what it expects there."""
+    import ast
+
+    repo = Path(__file__).resolve().parents[1]
+    silent = []
+    for pkg in ("hdrope", "trainer", "sweeps", "analysis"):
+        for path in (repo / pkg).rglob("*.py"):
+            lines = path.read_text().splitlines()
+            for node in ast.walk(ast.parse("\n".join(lines))):
+                if isinstance(node, ast.ExceptHandler) and node.type is not None:
+                    names = {n.id for n in ast.walk(node.type) if isinstance(n, ast.Name)}
+                    if names & {"ValueError", "Exception", "BaseException"} and "#" not in lines[node.lineno - 1]:
+                        silent.append(f"{path.relative_to(repo)}:{node.lineno}")
+    assert not silent
