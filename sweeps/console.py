@@ -12,7 +12,7 @@ import importlib
 import os
 import sys
 
-from hdrope.errors import UserError
+from hdrope.errors import UserError, one_line
 
 __all__ = ["BENCHES", "COMMANDS", "main"]
 
@@ -61,7 +61,7 @@ def _dispatch(table: dict[str, tuple[str, str]], argv: list[str], prog: str) -> 
     try:
         return int(_load(table[name][0])(rest) or 0)
     except UserError as err:
-        sys.stderr.write(f"{prog} {name}: error: {err}\n")
+        sys.stderr.write(f"{prog} {name}: error: {one_line(err)}\n")
         return 2
 
 
