@@ -2,7 +2,7 @@
 
 Writes a synthetic dump in the trainer's schema (random causal softmax maps at L = 256 and
 L = 1024, 1 GiB by default), then streams it back by row group and times the shipped path
-(`analysis.iter_maps` + batched float64 `effective_rank`) against a per-map NumPy SVD loop on the
+(`analysis.load.iter_maps` + batched float64 `effective_rank`) against a per-map NumPy SVD loop on the
 same maps, side by side. Each L is timed for at most --seconds; the projected time for the whole
 file is printed with the measured rate.
 """
