@@ -239,6 +239,9 @@ def ui_main(argv: list[str]) -> int:
         plan = find_plan(a.name, a.storage)
         uri, experiment = default_tracking_uri(plan.root), plan.spec.name
     elif a.tracking_uri:
+        from trainer.run.tracking import check_tracking_uri
+
+        check_tracking_uri(a.tracking_uri)  # a store that cannot be created is named before a server starts
         uri, experiment = a.tracking_uri, ""
     else:
         raise UserError("give a sweep NAME or --tracking-uri")

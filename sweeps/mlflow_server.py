@@ -9,8 +9,6 @@ import sys
 import time
 import urllib.request
 
-import psutil
-
 from hdrope.errors import UserError
 
 __all__ = ["LOOPBACK_HOSTS", "allowed_hosts_with_loopback", "free_port", "port_in_use", "serve_forever",
@@ -57,7 +55,7 @@ def start_server(backend_uri: str, host: str = "127.0.0.1", port: int = 5000, ti
 
     MLflow's job runner (GenAI jobs, which the lab does not use: 8 more processes) stays off unless
     MLFLOW_SERVER_ENABLE_JOB_EXECUTION is set."""
-    from sweeps.procs import stop_tree
+    from sweeps.procs import stop_session
 
     port = port or free_port(host)
     if port_in_use(host, port):
@@ -86,8 +84,7 @@ def start_server(backend_uri: str, host: str = "127.0.0.1", port: int = 5000, ti
                 time.sleep(0.5)
         raise RuntimeError(f"mlflow server did not answer at {url} within {timeout:.0f} s")
     except BaseException:  # not up (or stopped while starting): stop its whole tree, uvicorn and job runners included
-        stop_tree([psutil.Process(proc.pid)])
-        proc.wait()
+        stop_session(proc)
         raise
 
 
@@ -95,8 +92,9 @@ def serve_forever(backend_uri: str, host: str = "127.0.0.1", port: int = 5000, e
                   allowed_hosts: str = "") -> int:
     """Run the MLflow UI until interrupted, printing its URL (and the runs page of `experiment` when given).
 
-    SIGTERM, SIGINT and SIGHUP stop the whole server (mlflow, uvicorn, job consumers) before this exits."""
-    from sweeps.procs import exit_on_signals, stop_tree
+    SIGTERM, SIGINT and SIGHUP stop the whole server (mlflow, uvicorn, job consumers) before this exits, however
+    many arrive: the stop itself ignores further signals."""
+    from sweeps.procs import exit_on_signals, stop_session
 
     exit_on_signals()
     try:
@@ -112,7 +110,7 @@ def serve_forever(backend_uri: str, host: str = "127.0.0.1", port: int = 5000, e
             print(f"runs of {experiment}: {page}", flush=True)
         return proc.wait()
     finally:
-        stop_tree([psutil.Process(proc.pid)])
+        stop_session(proc)
 
 
 def _runs_link(url: str, api_url: str, experiment: str) -> str | None:

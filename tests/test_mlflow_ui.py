@@ -133,3 +133,37 @@ def test_the_printed_runs_page_opens_the_training_view_with_metric_columns_sorte
     view = json.loads(exp.tags["mlflow.sharedViewState.hdrope-runs"])
     assert view["selectedColumns"][:3] == ["metrics.`val_loss`", "metrics.`val_loss_x2`", "metrics.`passkey_acc`"]
     assert view["orderByKey"] == "metrics.`val_loss`" and view["orderByAsc"] is True
+
+
+def test_a_store_under_a_file_exits_2_before_a_server_starts(tmp_path):
+    """`--tracking-uri sqlite:///<a file>/x.db`: exit 2 naming the flag and the file (was a psutil traceback)."""
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a directory")
+    out = subprocess.run([sys.executable, "-m", "sweeps.console", "ui", "--tracking-uri",
+                          f"sqlite:///{blocker / 'x.db'}", "--port", str(_free_port())], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert f"--tracking-uri sqlite:///{blocker / 'x.db'}: {blocker} is a file" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_rapid_sigints_still_stop_the_whole_server(sweep_store, tmp_path):
+    """Five SIGINTs 50 ms apart (a key held down): `hdrope ui` exits 130 and no process of its server survives
+    (a second signal used to cut its cleanup short and leave the server running under PID 1)."""
+    import time
+
+    ui = _ui("uisweep", "--storage", str(sweep_store), "--port", "0", cwd=tmp_path)
+    line = ui.stdout.readline()
+    assert "MLflow UI for" in line, ui.stderr.read()[-2000:] if ui.poll() is not None else line
+    tree = psutil.Process(ui.pid).children(recursive=True)
+    assert tree  # the mlflow server and its workers
+    try:
+        for _ in range(5):
+            ui.send_signal(signal.SIGINT)
+            time.sleep(0.05)
+        assert ui.wait(60) == 130
+        _, alive = psutil.wait_procs(tree, timeout=10)
+        assert not _alive(alive), [p.cmdline() for p in _alive(alive)]
+    finally:
+        _stop(ui)
