@@ -309,3 +309,18 @@ def test_bench_analysis_help_names_functions_that_exist(capsys):
     for name in re.findall(r"`(analysis\.[\w.]+)`", text):
         module, _, attr = name.rpartition(".")
         assert hasattr(importlib.import_module(module), attr), name
+
+
+@pytest.mark.parametrize("make", ["missing", "file"])
+def test_bench_analysis_dir_that_cannot_hold_the_dump_exits_2(make, tmp_path, capsys):
+    """`hdrope bench analysis --dir D`: a D that is missing or a file is named with the fix (was FileNotFoundError)."""
+    from sweeps import console
+
+    target = tmp_path / "nowhere"
+    if make == "file":
+        target.write_text("x")
+    assert console.main(["bench", "analysis", "--dir", str(target), "--gib", "0.001", "--seconds", "0.1"]) == 2
+    err = capsys.readouterr().err
+    why = "does not exist" if make == "missing" else "is not a writable directory"
+    assert err == (f"hdrope bench: error: --dir {target}: {why}; the benchmark writes its 0.001 GiB dump there, so "
+                   "create it first (mkdir -p) or leave --dir out for a temporary directory\n")
