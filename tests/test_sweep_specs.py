@@ -322,5 +322,5 @@ def test_bench_analysis_dir_that_cannot_hold_the_dump_exits_2(make, tmp_path, ca
     assert console.main(["bench", "analysis", "--dir", str(target), "--gib", "0.001", "--seconds", "0.1"]) == 2
     err = capsys.readouterr().err
     why = "does not exist" if make == "missing" else "is not a writable directory"
-    assert err == (f"hdrope bench: error: --dir {target}: {why}; the benchmark writes its 0.001 GiB dump there, so "
-                   "create it first (mkdir -p) or leave --dir out for a temporary directory\n")
+    assert err == (f"hdrope bench analysis: error: --dir {target}: {why}; the benchmark writes its 0.001 GiB dump "
+                   "there, so create it first (mkdir -p) or leave --dir out for a temporary directory\n")
