@@ -105,27 +105,32 @@ def serve_forever(backend_uri: str, host: str = "127.0.0.1", port: int = 5000, e
     try:
         print(f"MLflow UI for {backend_uri}: {url}  (Ctrl-C to stop)", flush=True)
         local = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(host)  # a wildcard bind answers on loopback
-        page = _runs_link(url, f"http://{local}:{url.rsplit(':', 1)[1]}" if local else url, experiment)
+        page, parent = _runs_links(url, f"http://{local}:{url.rsplit(':', 1)[1]}" if local else url, experiment)
         if page:
             print(f"runs of {experiment}: {page}", flush=True)
+        if parent:
+            print(f"the sweep's own run (plan, report): {parent}", flush=True)
         return proc.wait()
     finally:
         stop_session(proc)
 
 
-def _runs_link(url: str, api_url: str, experiment: str) -> str | None:
-    """The runs page of `experiment` (None without one) on the server at url, asked at api_url, in the runs-table
-    view of `trainer.run.tracking.share_runs_view` (stored first for a sweep that ran before the lab stored it)."""
+def _runs_links(url: str, api_url: str, experiment: str) -> tuple[str | None, str | None]:
+    """The runs page of `experiment` on the server at url, asked at api_url, in the runs-table view of
+    `trainer.run.tracking.runs_view` (the cells; stored or updated first for a sweep that ran before the lab stored
+    it), and the page of the sweep's own parent run (its plan and report), which that view leaves out. None for
+    what is not there."""
     if not experiment:
-        return None
+        return None, None
     import mlflow
 
-    from trainer.run.tracking import RUNS_VIEW_KEY, SHARED_VIEW_TAG, runs_page, share_runs_view
+    from trainer.run.tracking import run_link, runs_page, runs_with, update_runs_view
 
     client = mlflow.MlflowClient(api_url)
     found = client.get_experiment_by_name(experiment)
     if found is None:
-        return None
-    if SHARED_VIEW_TAG + RUNS_VIEW_KEY not in found.tags:
-        share_runs_view(client, found.experiment_id)
-    return runs_page(url, found.experiment_id)
+        return None, None
+    update_runs_view(client, found)
+    parents = runs_with(client, {"sweep": experiment, "role": "parent"}, [found.experiment_id])
+    parent = run_link(url, found.experiment_id, parents[0].info.run_id) if parents else None
+    return runs_page(url, found.experiment_id), parent
