@@ -3,6 +3,9 @@
 One `RunConfig` flows from a preset (experiments/*.yaml) or a sweep cell into `trainer.train`.
 `config_errors` lists every problem at once (the sweep layer validates whole grids with it);
 `config_hash` identifies a run by what changes its result, not by where it writes.
+
+Importing it loads no torch and no model code (tested in a fresh interpreter): the encoding registry, whose kinds
+hold their typed config beside their builder, is imported when a config with a `model.pe` is made or checked.
 """
 
 from __future__ import annotations

@@ -18,6 +18,13 @@ if TYPE_CHECKING:
 __all__ = ["ModelArgs", "validate_model_args"]
 
 
+def _default_pe() -> Any:
+    """RoPE's config (`model.pe.kind=rope`), from its kind's module."""
+    from trainer.model.position import PEConfig
+
+    return PEConfig()
+
+
 @dataclass
 class ModelArgs:
     """Architecture of the decoder; head_dim = dim // n_heads unless given."""
@@ -35,7 +42,7 @@ class ModelArgs:
     init_std: float = 0.02
     depth_scaled_init: bool = False  # scale wo / w2 init by 1/sqrt(2·n_layers)
     # one typed dataclass per kind (its module under trainer.model.encodings), chosen by pe.kind when merged
-    pe: Any = field(default_factory=lambda: _default_pe())
+    pe: Any = field(default_factory=_default_pe)
 
     @property
     def resolved_head_dim(self) -> int:
@@ -47,13 +54,6 @@ class ModelArgs:
         from trainer.model.position import EncodingShape
 
         return EncodingShape(self.resolved_head_dim, self.n_heads, self.n_kv_heads, self.n_layers, self.max_seq_len)
-
-
-def _default_pe() -> Any:
-    """RoPE's config (`model.pe.kind=rope`), from its kind's module."""
-    from trainer.model.position import PEConfig
-
-    return PEConfig()
 
 
 def validate_model_args(a: ModelArgs) -> None:
