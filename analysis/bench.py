@@ -2,7 +2,7 @@
 
 Writes a synthetic dump in the trainer's schema (random causal softmax maps at L = 256 and
 L = 1024, 1 GiB by default), then streams it back by row group and times the shipped path
-(`analysis.iter_maps` + batched float64 `effective_rank`) against a per-map NumPy SVD loop on the
+(`analysis.load.iter_maps` + batched float64 `effective_rank`) against a per-map NumPy SVD loop on the
 same maps, side by side. Each L is timed for at most --seconds; the projected time for the whole
 file is printed with the measured rate.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -93,6 +94,10 @@ def main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     if a.gib <= 0 or a.seconds <= 0:
         raise UserError("--gib and --seconds must be > 0")
+    if a.dir and not (Path(a.dir).is_dir() and os.access(a.dir, os.W_OK)):
+        why = "is not a writable directory" if Path(a.dir).exists() else "does not exist"
+        raise UserError(f"--dir {a.dir}: {why}; the benchmark writes its {a.gib:g} GiB dump there, so create it first "
+                        "(mkdir -p) or leave --dir out for a temporary directory")
     rows = []
     with tempfile.TemporaryDirectory(dir=a.dir or None) as tmp:
         for length, share in ((256, 0.25), (1024, 0.75)):

@@ -1,4 +1,4 @@
-"""`hdrope theory` and `hdrope report`."""
+"""`hdrope theory`, `hdrope report` and `hdrope seeds` (which `hdrope sweep plan --detect` runs)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import numpy as np
 
 from hdrope.errors import UserError
 
-__all__ = ["report_main", "theory_main"]
+__all__ = ["report_main", "seeds_main", "theory_main"]
+
+DEFAULT_STORAGE = "runs/sweeps"
 
 
 def _check_theory_lengths(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
@@ -83,4 +85,33 @@ def report_main(argv: list[str]) -> int:
     report = build_report(path, a.tracking_uri)
     print("\n".join(verdict_lines(report.parent)))
     print(f"\nwritten to {report}")
+    return 0
+
+
+def seeds_main(argv: list[str]) -> int:
+    """`hdrope seeds SPEC --detect D --pilot SWEEP` (also `hdrope sweep plan SPEC --detect ...`): the seeds the
+    planned sweep needs to detect a difference D at 80% power after the report's Holm correction, from the per-seed
+    spread the finished pilot sweep measured (a power calculation on stored results: `analysis.power`)."""
+    p = argparse.ArgumentParser(prog="hdrope seeds", description=seeds_main.__doc__)
+    p.add_argument("spec", help="the sweep spec YAML to size")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec key")
+    p.add_argument("--detect", type=float, required=True, metavar="DIFF",
+                   help="the difference in --metric to detect (80%% power, after the report's Holm correction)")
+    p.add_argument("--pilot", default="", help="a finished sweep (name or directory) to take the spread from")
+    p.add_argument("--metric", default="", help="the metric (default: the spec's search.metric)")
+    p.add_argument("--storage", default=DEFAULT_STORAGE, help="where --pilot is looked up by name")
+    a = p.parse_args(argv)
+    from analysis.power import seed_advice
+    from sweeps.results import planned_frame
+    from sweeps.runner import prepare
+
+    plan = prepare(a.spec, a.set)
+    if not a.pilot:
+        raise UserError(f"--detect {a.detect} needs --pilot SWEEP: a finished sweep (name or directory) whose "
+                        "per-seed spread sizes the answer, e.g. --pilot quickstart")
+    pilot = Path(a.pilot)
+    if not pilot.is_dir() and "/" not in a.pilot and ".." not in a.pilot:
+        pilot = Path(a.storage) / a.pilot
+    advice = seed_advice(pilot, planned_frame(plan), a.metric or plan.spec.search.metric, a.detect)
+    print("\n".join(advice.lines()))
     return 0

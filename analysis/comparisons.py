@@ -8,8 +8,6 @@ comparison could have detected at 80% power from its own per-seed spread, and a 
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
@@ -81,9 +79,9 @@ def comparison_table(cells: pd.DataFrame, metric: str, level: float = 0.95, corr
 
 
 def fmt(x: float, digits: int = 4) -> str:
-    """A number for a table: fixed decimals, '—' when not finite (never 'nan')."""
+    """A number for a table: fixed decimals, ±∞ for an unbounded end, '—' for no number (never 'nan')."""
     if x is None or not np.isfinite(x):
-        return "∞" if x == math.inf else "—"
+        return "—" if x is None or np.isnan(x) else ("∞" if x > 0 else "−∞")
     return f"{x:.{digits}f}"
 
 
@@ -96,7 +94,7 @@ def verdict(row: pd.Series) -> str:
     design = f"{row['n']} paired seeds" if row["paired"] else f"unpaired (Welch), ≥{row['n']} seeds per arm"
     head = (f"{row['metric']}, {theta_text(row['theta'])}: {row['variant']} − {row['reference']} = "
             f"{fmt(row['delta'])}")
-    if np.isfinite(row["lo"]):
+    if not np.isnan(row["lo"]):  # unbounded (±∞) where the exact test over these seeds can reject no shift
         head += f" [{fmt(row['lo'])}, {fmt(row['hi'])}]"
     enough = seeds_to_reach(1 - row["level"], True)
     if row["n"] < 2:

@@ -29,8 +29,10 @@ def optimizer_axis(cells: pd.DataFrame) -> str | None:
 
 
 def _ci_text(c: Comparison) -> str:
-    if not np.isfinite(c.lo):
+    if np.isnan(c.lo):
         return f"{c.delta:+.4f} (no CI: fewer than 2 seeds)"
+    if not np.isfinite(c.lo):
+        return f"{c.delta:+.4f} (CI unbounded: {c.n} paired seeds are too few to test, p ≥ {c.min_p:.3g})"
     design = f"paired over {c.n} seeds" if c.paired else f"Welch, ≥{c.n} seeds per arm"
     return f"{c.delta:+.4f} [{c.lo:+.4f}, {c.hi:+.4f}] ({design}, p = {c.p:.3g})"
 

@@ -25,6 +25,13 @@ def save(fig, path: Path) -> Path:
     return path
 
 
+def _bounded(band: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """A band's (lo, hi) with unbounded ends (an exact interval over too few seeds is (−∞, ∞)) left undrawn."""
+    lo, hi = (np.asarray(a, dtype=float) for a in band)
+    keep = np.isfinite(lo) & np.isfinite(hi)
+    return np.where(keep, lo, np.nan), np.where(keep, hi, np.nan)
+
+
 def line_figure(series: dict[str, tuple[np.ndarray, np.ndarray]], xlabel: str, ylabel: str, title: str,
                 logx: bool = False, logy: bool = False, band: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
                 hline: float | None = None, errorbars: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
@@ -36,7 +43,7 @@ def line_figure(series: dict[str, tuple[np.ndarray, np.ndarray]], xlabel: str, y
     for label, (x, y) in series.items():
         line, = ax.plot(x, y, marker="o" if len(x) < 20 else None, label=label)
         if band and label in band:
-            ax.fill_between(x, band[label][0], band[label][1], alpha=0.2, color=line.get_color())
+            ax.fill_between(x, *_bounded(band[label]), alpha=0.2, color=line.get_color())
         if errorbars and label in errorbars:
             lo, hi = (np.asarray(a, dtype=float) for a in errorbars[label])
             y = np.asarray(y, dtype=float)
@@ -73,7 +80,7 @@ def panel_figure(panels: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]], xl
             line, = ax.plot(x, y, label=label)
             band = (bands or {}).get(name, {}).get(label)
             if band is not None:
-                ax.fill_between(x, band[0], band[1], alpha=0.2, color=line.get_color())
+                ax.fill_between(x, *_bounded(band), alpha=0.2, color=line.get_color())
         ax.set_xscale("log" if logx else "linear")
         ax.set_yscale("log" if logy else "linear")
         ax.set(xlabel=xlabel, title=name)

@@ -77,7 +77,7 @@ def _pilot_spread(pilot: Path, metric: str) -> tuple[float, float, str]:
         raise UserError(f"--metric {metric}: the pilot {pilot} has no such column; choose one of {known}")
     cells = sweep_cells(pilot)
     tests = comparison_table(cells, metric)
-    tests = tests[np.isfinite(tests["lo"])] if len(tests) else tests
+    tests = tests[tests["n"] >= 2] if len(tests) else tests  # 2 or more seeds: a spread (its interval may be ±∞)
     values = seed_values(cells, metric)
     within = values.groupby(["variant", "theta"], dropna=False)["value"].agg(["var", "count"]).dropna()
     within = within[within["count"] >= 2]

@@ -1,17 +1,25 @@
 """Calibrated inference for few-seed studies: the seed is the unit of replication.
 
 - `compare(treatment, reference, paired=...)`: the difference of two variants' means with a confidence
-  interval and a p-value. Paired (both variants ran the same seeds, so they share data order and
-  initialisation): a Student-t interval of the mean per-seed difference and the exact sign-flip p-value
-  (every one of the 2ⁿ sign assignments) while 2ⁿ ≤ 2¹⁶, the paired t-test's beyond. Unpaired: Welch.
+  interval and a p-value, both from one test, so the interval excludes 0 exactly when p < 1 − level. Paired
+  (both variants ran the same seeds, so they share data order and initialisation): the exact sign-flip test
+  of the mean per-seed difference (every one of the 2ⁿ sign assignments) while n ≤ 16 seeds, and its
+  interval is that test inverted (every shift d0 the test of the differences − d0 does not reject); the
+  paired t-test and its interval beyond. Unpaired: Welch's test and interval.
 - `mean_interval`: a Student-t interval of one mean; `proportion_interval`: Wilson's interval of k of n.
 - `adjust`: a family's p-values corrected by Holm (family-wise error) or Benjamini–Hochberg (FDR).
 - `detectable_difference` / `seeds_needed`: power at the measured per-seed spread (80% by default).
 
-A comparison whose design cannot reach the level at all (a sign-flip test over n ≤ 5 seeds never goes
-below 2/2ⁿ ≥ 0.0625) is flagged `testable = False`, so tables say "too few seeds to test" instead of
-drawing a mark. The maths is scipy's and statsmodels'; `tests/test_stats_calibration.py` checks the
-false-positive rate, the coverage and the paired design's power by simulation.
+Why the sign-flip test for paired seeds: it is exact whenever the per-seed differences are symmetric about
+their mean, with no normality assumed, and a handful of seeds cannot show whether they are normal (one seed
+that diverged is common); the t-test is exact only under normality. Its price is power at few seeds: it
+cannot go below p = 2/2ⁿ, so at n ≤ 5 seeds and level 95% it rejects no shift at all and its interval is the
+whole line (−∞, ∞); such a comparison is flagged `testable = False` and tables say "too few seeds to test"
+instead of drawing a mark. At 6 seeds the 95% interval is [min, max] of the per-seed differences.
+
+The maths is scipy's and statsmodels' (the sign-flip p equals scipy's exact `permutation_test`, checked in the
+suite); `tests/test_stats_calibration.py` checks the false-positive rate, the coverage, the paired design's power
+and that every interval agrees with its mark, by simulation.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ __all__ = [
     "proportion_interval",
     "seeds_needed",
     "seeds_to_reach",
+    "sign_flip",
 ]
 
 EXACT_MAX_SEEDS = 16  # the sign-flip test enumerates all 2ⁿ assignments up to here
@@ -123,18 +132,38 @@ def proportion_interval(k: int, n: int, level: float = 0.95) -> Interval:
     return Interval(k / n, float(lo), float(hi), int(n))
 
 
-def _sign_flip_p(d: np.ndarray) -> float:
-    if not d.any():
-        return 1.0
-    res = sps.permutation_test((d,), np.mean, permutation_type="samples", n_resamples=np.inf,
-                               alternative="two-sided", vectorized=True, axis=-1)
-    return float(min(1.0, res.pvalue))
+def _subset_sums(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sum and size of every non-empty subset A of the n differences (2ⁿ − 1 of each)."""
+    n = len(d)
+    masks = (np.arange(1, 2**n)[:, None] >> np.arange(n)) & 1
+    return masks @ d, masks.sum(axis=1)
+
+
+def sign_flip(d: np.ndarray, level: float = 0.95) -> tuple[float, float, float]:
+    """The exact two-sided sign-flip test of mean(d) = 0 and its inversion: (p, lo, hi).
+
+    Flipping the signs of a subset A moves the mean down by 2·sum(d_A)/n, so P(flipped mean ≥ observed) =
+    (1 + #{A ≠ ∅: sum((d − d0)_A) ≤ 0}) / 2ⁿ, which rises with the shift d0; the other tail falls with it, and
+    p = min(1, 2·min of the tails) (scipy's two-sided permutation p-value). A shift is therefore rejected
+    exactly when it lies below the k-th smallest or above the k-th largest subset mean, k = ⌈α·2ⁿ⁻¹⌉ − 1
+    (α = 1 − level): those two subset means are the interval, closed, and (−∞, ∞) when k = 0. Both p and the
+    interval count the same subset sums, so the interval excludes 0 exactly when p < α."""
+    n = len(d)
+    sums, sizes = _subset_sums(d)
+    tails = 1 + np.array([(sums <= 0).sum(), (sums >= 0).sum()])
+    p = float(min(1.0, 2 * tails.min() / 2**n))
+    k = math.ceil((1 - level) * 2 ** (n - 1)) - 1
+    if k <= 0:
+        return p, -math.inf, math.inf
+    means = np.sort(sums / sizes)
+    return p, float(means[k - 1]), float(means[-k])
 
 
 def compare(treatment: object, reference: object, *, paired: bool, level: float = 0.95) -> Comparison:
     """treatment − reference over seeds. Paired: the two arrays are aligned by seed (a non-finite value drops
-    its pair); a t-interval of the mean difference and the exact sign-flip p-value (paired t beyond
-    EXACT_MAX_SEEDS seeds). Unpaired: Welch's t-test and interval. Too few seeds gives nan interval/p."""
+    its pair); the exact sign-flip p-value and its inverted interval (`sign_flip`; the paired t-test and its
+    interval beyond EXACT_MAX_SEEDS seeds). Unpaired: Welch's t-test and interval. Interval and p come from
+    the same test, so lo > 0 or hi < 0 exactly when p < 1 − level. Fewer than 2 seeds give nan interval/p."""
     t = np.asarray(treatment, dtype=np.float64).ravel()
     r = np.asarray(reference, dtype=np.float64).ravel()
     if paired:
@@ -150,14 +179,15 @@ def compare(treatment: object, reference: object, *, paired: bool, level: float 
         if n < 2:
             return Comparison(delta, math.nan, math.nan, math.nan, 1, True, "none", 1, 1, math.nan, math.nan, level)
         sd = float(d.std(ddof=1))
-        if sd == 0:  # every seed moved by exactly the same amount
+        if n <= EXACT_MAX_SEEDS:
+            p, lo, hi = sign_flip(d, level)
+        elif sd == 0:  # every seed moved by exactly the same amount
             lo = hi = delta
-            p = 1.0 if delta == 0 else (_sign_flip_p(d) if n <= EXACT_MAX_SEEDS else 0.0)
+            p = 1.0 if delta == 0 else 0.0
         else:
             test = sps.ttest_1samp(d, 0.0)
             ci = test.confidence_interval(level)
-            lo, hi = float(ci.low), float(ci.high)
-            p = _sign_flip_p(d) if n <= EXACT_MAX_SEEDS else float(test.pvalue)
+            lo, hi, p = float(ci.low), float(ci.high), float(test.pvalue)
         method = "sign-flip (exact)" if n <= EXACT_MAX_SEEDS else "paired t"
         return Comparison(delta, lo, hi, p, n, True, method, n, n, sd, min_attainable_p(n, True), level)
     t, r = _finite(t), _finite(r)

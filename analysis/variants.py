@@ -36,7 +36,7 @@ def value_text(value: object) -> str:
     text = str(value)
     try:
         parsed = json.loads(text)
-    except (TypeError, ValueError):
+    except json.JSONDecodeError:  # a plain value, not a mapping stored as JSON
         parsed = None
     return value_label(parsed) if isinstance(parsed, dict) else text
 

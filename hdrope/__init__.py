@@ -4,12 +4,17 @@ Depends on torch and numpy only. Public API:
 - `conference_matrix`, `paley_orders`: Paley-I conference matrices.
 - `mixing_basis`, `describe_basis`, `BASIS_KINDS`: orthogonal bases Q and their facts.
 - `HDRotary`: the position encoding module.
+- `fold_matrix`: the orthogonal B with R_Q(m) = B·R_I(m)·Bᵀ (a basis folded into W_q/W_k; the HF export uses it).
 - `SCALING_TYPES`, `validate_scaling`: context-extension variants with HF rope_scaling keys.
 - `UserError`: the error raised for bad user input (names the field, value and fix; not a ValueError).
 """
 
 import importlib
 from typing import Any
+
+from hdrope.moved import moved_attribute_error, register
+
+register({"hdrope.console": "sweeps.console"})  # the console assembles every package's commands
 
 # Public names -> the submodule defining them. Imported on first use (PEP 562), so that
 # `import hdrope` and the `hdrope` console's dispatch (`hdrope --help`) do not import torch.
@@ -23,6 +28,7 @@ _EXPORTS = {
     "paley_orders": "hdrope.conference",
     "UserError": "hdrope.errors",
     "HDRotary": "hdrope.rotary",
+    "fold_matrix": "hdrope.fold",
     "SCALING_TYPES": "hdrope.scaling",
     "validate_scaling": "hdrope.scaling",
 }
@@ -33,7 +39,7 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value
         return value
-    raise AttributeError(f"module 'hdrope' has no attribute {name!r}")
+    raise moved_attribute_error("hdrope", name)
 
 
 def __dir__() -> list[str]:
@@ -49,6 +55,7 @@ __all__ = [
     "basis_generator",
     "conference_matrix",
     "describe_basis",
+    "fold_matrix",
     "mixing_basis",
     "paley_orders",
     "validate_scaling",

@@ -9,8 +9,17 @@ mistaken for one.
 
 from __future__ import annotations
 
-__all__ = ["UserError"]
+__all__ = ["UserError", "one_line"]
 
 
 class UserError(Exception):
     """A bad input from the user; the message says the field, the value and the fix."""
+
+
+def one_line(err: BaseException) -> str:
+    """The error's message on one line, as the console prints a UserError: a message that lists several problems
+    on indented lines under a header ("invalid config:\n  a\n  b") becomes "invalid config: (1) a (2) b"."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return " ".join([lines[0], *(f"({i}) {line}" for i, line in enumerate(lines[1:], 1))])
+    return " ".join(lines)

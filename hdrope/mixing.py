@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hdrope.errors import UserError
 from hdrope.frequencies import BlockLayout
 
 __all__ = ["MIX_IMPLS", "MixPlan", "channel_generator", "plan_mixing"]
@@ -102,13 +103,14 @@ def _permutation_terms(k: np.ndarray, layout: BlockLayout) -> tuple[np.ndarray, 
 
 
 def plan_mixing(k: np.ndarray, layout: BlockLayout, impl: str = "auto", fused: bool = False) -> MixPlan:
-    """Choose (or force, via impl) how to apply the generator; ValueError if impl cannot apply.
+    """Choose (or force, via impl) how to apply the generator; UserError naming `impl` if it cannot apply.
 
     auto: rotate_half when G is RoPE's (up to sign); otherwise, fused, signed permutations when
     there are few terms; otherwise a GEMM with G (eager gathers are slower than a GEMM on CPU).
+    permute and dense apply to every generator; rotate_half only to ±RoPE's (rotation_dim = 2).
     """
     if impl not in MIX_IMPLS:
-        raise ValueError(f"unknown mixing impl {impl!r}; choose one of {list(MIX_IMPLS)}")
+        raise UserError(f"impl={impl!r} is unknown; choose one of {list(MIX_IMPLS)} ('auto' picks the fastest)")
     g = channel_generator(k, layout)
     sign = _rotate_half_sign(g)
     perms, coefs, shifts = _permutation_terms(k, layout)
@@ -116,9 +118,9 @@ def plan_mixing(k: np.ndarray, layout: BlockLayout, impl: str = "auto", fused: b
     terms = dict(perms=perms, coefs=coefs, shifts=shifts, use_xor=n & (n - 1) == 0)
     if impl == "rotate_half" or (impl == "auto" and sign is not None):
         if sign is None:
-            raise ValueError(
-                "impl='rotate_half' needs a generator equal to ±RoPE's (rotation_dim=2 with "
-                "an identity-like basis); use impl='permute' or 'dense'"
+            raise UserError(
+                f"impl='rotate_half' applies only to RoPE's generator (up to sign: rotation_dim=2), and this one "
+                f"mixes rotation_dim={layout.rotation_dim} channels per block; use impl='auto', 'permute' or 'dense'"
             )
         return MixPlan("rotate_half", g, sign=sign, **terms)
     if impl == "dense" or (impl == "auto" and (not fused or perms.shape[0] > _MAX_PERMUTE_TERMS)):

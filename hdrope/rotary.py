@@ -54,7 +54,11 @@ class HDRotary(nn.Module):
         basis: a kind from `hdrope.BASIS_KINDS` (identity, random, paley, hadamard, dct).
         seed: seed of the `random` basis.
         scaling: HF-style `rope_scaling` dict (linear, dynamic, yarn, longrope, llama3) or None.
-        impl: how the block generator is applied: auto, rotate_half, permute or dense.
+        impl: how the block generator is applied (`hdrope.mixing.MIX_IMPLS`). `permute` (signed channel
+            permutations) and `dense` (one GEMM) apply to every generator and agree to float rounding;
+            `rotate_half` (two slices) applies only where the generator is ±RoPE's, i.e. rotation_dim = 2;
+            `auto` (the default) picks rotate_half there, else the fastest of the other two. An impl that
+            cannot apply is a UserError naming `impl`.
         fused: compile the kernel with torch.compile (inductor) for memory-bound speed; None (the default)
             compiles where it pays off (`hdrope.kernels.fused_by_default`: CUDA with Triton) and runs eager
             elsewhere (on CPU, compiling costs seconds per run and shape, more than a short run gains).

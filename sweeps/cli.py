@@ -18,11 +18,14 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def _plan(a: argparse.Namespace) -> int:
+    if a.detect is not None:  # a power calculation on a pilot's stored results: the analysis owns it
+        from sweeps.console import run_command
+
+        return run_command("seeds", [a.spec, *(f"--set={s}" for s in a.set), "--detect", str(a.detect),
+                                     "--pilot", a.pilot, "--metric", a.metric, "--storage", a.storage])
     from sweeps.runner import prepare
 
     plan = prepare(a.spec, a.set)
-    if a.detect is not None:
-        return _detect(plan, a)
     if a.json:
         cells = [{"cell_id": c.cell_id, "values": c.values, "config_hash": c.config_hash, "dedup_of": c.dedup_of}
                  for c in plan.cells]
@@ -41,23 +44,6 @@ def _plan(a: argparse.Namespace) -> int:
           f"scheduler={s['scheduler']}; writes to {s['dir']}")
     for note in plan.warnings:
         print(f"warning: {note}", file=sys.stderr)
-    return 0
-
-
-def _detect(plan, a: argparse.Namespace) -> int:
-    """`plan SPEC --detect D --pilot SWEEP`: the seeds this plan needs to detect D, from the pilot's spread."""
-    if not a.pilot:
-        raise UserError(f"--detect {a.detect} needs --pilot SWEEP: a finished sweep (name or directory) whose "
-                        "per-seed spread sizes the answer, e.g. --pilot quickstart")
-    from analysis.power import seed_advice
-    from sweeps.results import planned_frame
-
-    pilot = Path(a.pilot)
-    if not pilot.is_dir() and "/" not in a.pilot and ".." not in a.pilot:
-        pilot = Path(a.storage) / a.pilot
-    metric = a.metric or plan.spec.search.metric
-    advice = seed_advice(pilot, planned_frame(plan), metric, a.detect)
-    print("\n".join(advice.lines()))
     return 0
 
 
@@ -253,6 +239,9 @@ def ui_main(argv: list[str]) -> int:
         plan = find_plan(a.name, a.storage)
         uri, experiment = default_tracking_uri(plan.root), plan.spec.name
     elif a.tracking_uri:
+        from trainer.run.tracking import check_tracking_uri
+
+        check_tracking_uri(a.tracking_uri)  # a store that cannot be created is named before a server starts
         uri, experiment = a.tracking_uri, ""
     else:
         raise UserError("give a sweep NAME or --tracking-uri")

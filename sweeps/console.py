@@ -12,9 +12,9 @@ import importlib
 import os
 import sys
 
-from hdrope.errors import UserError
+from hdrope.errors import UserError, one_line
 
-__all__ = ["BENCHES", "COMMANDS", "main"]
+__all__ = ["BENCHES", "COMMANDS", "main", "run_command"]
 
 # name -> (target, one-line help). Each package registers its own entries here by string only.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("sweeps.cli:sweep_main", "plan|run|submit|status|logs|resume|results of Ray Tune sweeps"),
     "ui": ("sweeps.cli:ui_main", "MLflow UI on 127.0.0.1 for a sweep's tracking store"),
     "report": ("analysis.cli:report_main", "the paper's tables and figures from a sweep (Markdown + PNG, to MLflow)"),
+    "seeds": ("analysis.cli:seeds_main", "seeds a planned sweep needs to detect a difference, from a pilot's spread"),
     "theory": ("analysis.cli:theory_main", "decay bound, B(Δ), wavelengths and K mixing per rotation dim and θ"),
     "bench": ("sweeps.console:bench_main", "benchmarks: rotary, encodings, train, sweep, analysis"),
 }
@@ -61,8 +62,14 @@ def _dispatch(table: dict[str, tuple[str, str]], argv: list[str], prog: str) -> 
     try:
         return int(_load(table[name][0])(rest) or 0)
     except UserError as err:
-        sys.stderr.write(f"{prog} {name}: error: {err}\n")
+        sys.stderr.write(f"{prog} {name}: error: {one_line(err)}\n")
         return 2
+
+
+def run_command(name: str, argv: list[str]) -> int:
+    """Run the command `name` of COMMANDS with argv, imported by its string: how one package's command hands over
+    to another's (`hdrope sweep plan --detect` to the analysis's `hdrope seeds`) without importing it."""
+    return int(_load(COMMANDS[name][0])(argv) or 0)
 
 
 def bench_main(argv: list[str]) -> int:

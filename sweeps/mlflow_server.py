@@ -9,8 +9,6 @@ import sys
 import time
 import urllib.request
 
-import psutil
-
 from hdrope.errors import UserError
 
 __all__ = ["LOOPBACK_HOSTS", "allowed_hosts_with_loopback", "free_port", "port_in_use", "serve_forever",
@@ -57,7 +55,7 @@ def start_server(backend_uri: str, host: str = "127.0.0.1", port: int = 5000, ti
 
     MLflow's job runner (GenAI jobs, which the lab does not use: 8 more processes) stays off unless
     MLFLOW_SERVER_ENABLE_JOB_EXECUTION is set."""
-    from sweeps.procs import stop_tree
+    from sweeps.procs import stop_session
 
     port = port or free_port(host)
     if port_in_use(host, port):
@@ -86,8 +84,7 @@ def start_server(backend_uri: str, host: str = "127.0.0.1", port: int = 5000, ti
                 time.sleep(0.5)
         raise RuntimeError(f"mlflow server did not answer at {url} within {timeout:.0f} s")
     except BaseException:  # not up (or stopped while starting): stop its whole tree, uvicorn and job runners included
-        stop_tree([psutil.Process(proc.pid)])
-        proc.wait()
+        stop_session(proc)
         raise
 
 
@@ -95,8 +92,9 @@ def serve_forever(backend_uri: str, host: str = "127.0.0.1", port: int = 5000, e
                   allowed_hosts: str = "") -> int:
     """Run the MLflow UI until interrupted, printing its URL (and the runs page of `experiment` when given).
 
-    SIGTERM, SIGINT and SIGHUP stop the whole server (mlflow, uvicorn, job consumers) before this exits."""
-    from sweeps.procs import exit_on_signals, stop_tree
+    SIGTERM, SIGINT and SIGHUP stop the whole server (mlflow, uvicorn, job consumers) before this exits, however
+    many arrive: the stop itself ignores further signals."""
+    from sweeps.procs import exit_on_signals, stop_session
 
     exit_on_signals()
     try:
@@ -107,27 +105,32 @@ def serve_forever(backend_uri: str, host: str = "127.0.0.1", port: int = 5000, e
     try:
         print(f"MLflow UI for {backend_uri}: {url}  (Ctrl-C to stop)", flush=True)
         local = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(host)  # a wildcard bind answers on loopback
-        page = _runs_link(url, f"http://{local}:{url.rsplit(':', 1)[1]}" if local else url, experiment)
+        page, parent = _runs_links(url, f"http://{local}:{url.rsplit(':', 1)[1]}" if local else url, experiment)
         if page:
             print(f"runs of {experiment}: {page}", flush=True)
+        if parent:
+            print(f"the sweep's own run (plan, report): {parent}", flush=True)
         return proc.wait()
     finally:
-        stop_tree([psutil.Process(proc.pid)])
+        stop_session(proc)
 
 
-def _runs_link(url: str, api_url: str, experiment: str) -> str | None:
-    """The runs page of `experiment` (None without one) on the server at url, asked at api_url, in the runs-table
-    view of `trainer.run.tracking.share_runs_view` (stored first for a sweep that ran before the lab stored it)."""
+def _runs_links(url: str, api_url: str, experiment: str) -> tuple[str | None, str | None]:
+    """The runs page of `experiment` on the server at url, asked at api_url, in the runs-table view of
+    `trainer.run.tracking.runs_view` (the cells; stored or updated first for a sweep that ran before the lab stored
+    it), and the page of the sweep's own parent run (its plan and report), which that view leaves out. None for
+    what is not there."""
     if not experiment:
-        return None
+        return None, None
     import mlflow
 
-    from trainer.run.tracking import RUNS_VIEW_KEY, SHARED_VIEW_TAG, runs_page, share_runs_view
+    from trainer.run.tracking import run_link, runs_page, runs_with, update_runs_view
 
     client = mlflow.MlflowClient(api_url)
     found = client.get_experiment_by_name(experiment)
     if found is None:
-        return None
-    if SHARED_VIEW_TAG + RUNS_VIEW_KEY not in found.tags:
-        share_runs_view(client, found.experiment_id)
-    return runs_page(url, found.experiment_id)
+        return None, None
+    update_runs_view(client, found)
+    parents = runs_with(client, {"sweep": experiment, "role": "parent"}, [found.experiment_id])
+    parent = run_link(url, found.experiment_id, parents[0].info.run_id) if parents else None
+    return runs_page(url, found.experiment_id), parent

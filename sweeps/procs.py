@@ -26,7 +26,8 @@ from collections.abc import Iterator
 
 import psutil
 
-__all__ = ["exit_on_signals", "loopback_ray", "signal_exit_codes", "signals_held", "start_watchdog", "stop_tree"]
+__all__ = ["exit_on_signals", "loopback_ray", "signal_exit_codes", "signals_held", "signals_ignored", "start_watchdog",
+           "stop_session", "stop_tree"]
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -55,7 +56,7 @@ def signal_exit_codes() -> Iterator[None]:
     exit_on_signals()
     try:
         yield
-    except BaseException:
+    except BaseException:  # whatever library code turned our stop signal into; anything else is raised again
         if _received:
             raise SystemExit(128 + _received[-1]) from None
         raise
@@ -124,6 +125,32 @@ def stop_tree(procs: list[psutil.Process], grace_s: float = 3.0) -> int:
         with contextlib.suppress(psutil.Error):
             p.kill()
     return len(found)
+
+
+@contextlib.contextmanager
+def signals_ignored() -> Iterator[None]:
+    """Within the block, further stop signals are ignored (restored after): a cleanup that a second Ctrl-C
+    interrupted would leave what it was stopping running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def stop_session(proc: subprocess.Popen, grace_s: float = 3.0) -> None:
+    """Stop a child started with `start_new_session=True` and everything in its process group, even when the child
+    itself has exited already (its group outlives it), ignoring further stop signals until it is done; reaps it."""
+    with signals_ignored():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            stop_tree([psutil.Process(proc.pid)], grace_s)
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # no group left: nothing to stop
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def start_watchdog() -> subprocess.Popen:

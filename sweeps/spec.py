@@ -39,7 +39,7 @@ class SpecError(UserError):
 
     def __init__(self, source: str, problems: list[str]) -> None:
         self.problems = problems
-        super().__init__(f"{source}: {len(problems)} problem(s)\n  " + "\n  ".join(problems))
+        super().__init__(f"{source}: {len(problems)} problem(s):\n  " + "\n  ".join(problems))
 
 
 @dataclass

@@ -248,3 +248,8 @@ def test_sweep_plan_detect_prints_the_seeds_a_difference_needs(tiny_sweep, tmp_p
     bad = subprocess.run([sys.executable, "-m", "sweeps.console", "sweep", "plan", str(spec), "--detect", "0.02"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "needs --pilot" in bad.stderr and "Traceback" not in bad.stderr
+    # the analysis owns the calculation: `hdrope seeds` is the same command
+    same = subprocess.run([sys.executable, "-m", "sweeps.console", "seeds", str(spec), "--detect", "0.02",
+                           "--pilot", str(tiny_sweep), "--metric", "val_loss_x2"], capture_output=True, text=True,
+                          timeout=300)
+    assert same.returncode == 0 and same.stdout == out.stdout

@@ -55,6 +55,12 @@ def edit(rel: str, old: str, new: str) -> Setup:
     return setup
 
 
+def rename_bucket(tmp: Path) -> None:
+    """Rename the dataset's bucket directory (named by its length, e.g. 512) to a name that is no number."""
+    (bucket,) = [d for d in (tmp / "ds").iterdir() if d.is_dir()]
+    bucket.rename(bucket.with_name("bucket-x"))
+
+
 def append_line(text: str) -> Setup:
     """Add a line to the dataset's JSONL file (its line 2)."""
 
@@ -110,6 +116,9 @@ CASES = [
      "{ds}/dataset_meta.json: not valid JSON (Expecting value: line 1 column 1 (char 0)); rebuild the dataset"),
     ("eval-meta-empty-object", write("ds/dataset_meta.json", "{}"), EVAL,
      "{ds}/dataset_meta.json: no 'tokenizer' string in '{}'; rebuild the dataset"),
+    ("eval-bucket-dir-not-a-number", rename_bucket, EVAL,
+     "{ds}/bucket-x: holds JSONL files but is no bucket directory: a bucket is named by its target length in tokens, "
+     "a whole number such as 1024, and 'bucket-x' is not; rename it to its bucket's length or move it out"),
     ("eval-out-in-missing-dir", nothing, [*EVAL, "--out", "{tmp}/missing/acc.parquet"],
      "--out {tmp}/missing/acc.parquet: directory {tmp}/missing does not exist"),
     # tampered checkpoints, read by hdrope passkey eval

@@ -1,5 +1,6 @@
 """`hdrope data prepare`: token shards equal the in-memory tokens, resume byte-identically, and train exactly."""
 
+import contextlib
 import json
 import random
 import signal
@@ -227,3 +228,34 @@ def test_a_shard_changed_after_it_verified_is_caught(small_shards, tmp_path):
     target.write_bytes(bytes(data))
     with pytest.raises(UserError, match=r"val-000000\.npy: sha256 does not match"):
         load_shards(str(copy), ByteTokenizer(), cache)
+
+
+def test_sigkill_of_prepare_leaves_no_worker_alive(tmp_path):
+    """SIGKILL of `hdrope data prepare --workers 2` (no cleanup runs in the driver): its spawned tokenizer workers die
+    with it, and multiprocessing's resource tracker follows; nothing it started is alive a few seconds later."""
+    import psutil
+
+    paths = _write_corpus(tmp_path / "corpus", docs=1500, seed=5)
+    tok_path = tmp_path / "tokenizer.json"
+    train_bpe([(tmp_path / "corpus" / "c0.txt").read_text()], 300, tok_path)
+    cmd = [sys.executable, "-m", "sweeps.console", "data", "prepare", "data.corpus=files",
+           f"data.paths=[{paths[0]},{paths[1]}]", f"data.tokenizer={tok_path}", "--shard-tokens", "5000",
+           "--workers", "2", "--out", str(tmp_path / "shards"), "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    driver, started = psutil.Process(proc.pid), []
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            started = driver.children(recursive=True)
+            if len(started) >= 3 and (tmp_path / "shards" / MANIFEST).is_file():  # tracker + 2 workers at work
+                break
+            time.sleep(0.05)
+        assert len(started) >= 3, f"prepare ended or never started its workers: {proc.poll()}"
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait() == -signal.SIGKILL, "prepare finished before it could be killed"
+        _, alive = psutil.wait_procs(started, timeout=10)
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], [p.cmdline() for p in alive]
+    finally:
+        for p in started:
+            with contextlib.suppress(psutil.Error):
+                p.kill()

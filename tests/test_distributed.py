@@ -192,3 +192,30 @@ def test_hdrope_train_in_a_torchrun_environment_it_cannot_use_exits_2(tmp_path, 
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert expected.replace("{port}", port) in proc.stderr
     assert time.monotonic() - start < 60
+
+
+def test_a_worker_says_at_once_whom_it_waits_for_where_and_how_long(tmp_path, cache_dir):
+    """A rank whose peer never comes prints, while it still waits, the ranks it waits for, MASTER_ADDR:MASTER_PORT
+    and the limit from HDROPE_RENDEZVOUS_TIMEOUT_S (it used to be silent until the timeout)."""
+    import subprocess
+    import sys
+
+    from trainer.run.distributed import TorchrunEnv, waiting_line
+
+    port = _free_port()
+    env = {**os.environ, "WORLD_SIZE": "3", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "HDROPE_RENDEZVOUS_TIMEOUT_S": "60"}
+    cmd = [sys.executable, "-m", "sweeps.console", "train", "tiny", *OVERRIDES, f"train.out_dir={tmp_path / 'run'}",
+           f"data.cache_dir={cache_dir}", "--no-progress"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    try:
+        line = proc.stderr.readline().strip()
+        assert proc.poll() is None, "the worker gave up before saying what it waits for"
+        assert line == (f"rank 0 of WORLD_SIZE=3 waits for ranks 1–2 at 127.0.0.1:{port} (hosting the rendezvous) "
+                        "for at most 60 s (HDROPE_RENDEZVOUS_TIMEOUT_S)")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert waiting_line(TorchrunEnv(2, 4, "node0", 29500), 300) == (
+        "rank 2 of WORLD_SIZE=4 waits for ranks 0, 1, 3 at node0:29500 (meeting rank 0) for at most 300 s "
+        "(HDROPE_RENDEZVOUS_TIMEOUT_S)")

@@ -98,3 +98,40 @@ def test_a_dump_with_a_damaged_row_group_is_a_user_error_naming_it(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(UserError, match=r"dump\.parquet: row group 0 is unreadable \(\w+\); the file is truncated"):
         load_stats(path)
+
+
+def test_every_broad_except_says_on_its_line_why():
+    """An `except` that catches ValueError or Exception could hide a bug, so its line says what it expects there."""
+    import ast
+
+    repo = Path(__file__).resolve().parents[1]
+    silent = []
+    for pkg in ("hdrope", "trainer", "sweeps", "analysis"):
+        for path in (repo / pkg).rglob("*.py"):
+            lines = path.read_text().splitlines()
+            for node in ast.walk(ast.parse("\n".join(lines))):
+                if isinstance(node, ast.ExceptHandler) and node.type is not None:
+                    names = {n.id for n in ast.walk(node.type) if isinstance(n, ast.Name)}
+                    if names & {"ValueError", "Exception", "BaseException"} and "#" not in lines[node.lineno - 1]:
+                        silent.append(f"{path.relative_to(repo)}:{node.lineno}")
+    assert not silent
+
+
+def _problems(argv: list[str]) -> int:
+    raise SpecError("s.yaml", ["axes.x: not a list; write axes.x: [1, 2]", "name: empty; give a name"])
+
+
+def test_an_error_listing_several_problems_is_printed_on_one_line(monkeypatch, capsys):
+    monkeypatch.setitem(console.COMMANDS, "mistakes", (f"{__name__}:_problems", "raises a SpecError"))
+    assert console.main(["mistakes"]) == 2
+    assert capsys.readouterr().err == ("hdrope mistakes: error: s.yaml: 2 problem(s): (1) axes.x: not a list; write "
+                                       "axes.x: [1, 2] (2) name: empty; give a name\n")
+
+
+def test_a_nan_theta_is_one_problem_on_one_line(capsys, cache_dir, tmp_path):
+    """`hdrope train tiny model.pe.theta=nan`: the NaN is named once (the encoding's own check would repeat it)."""
+    code = console.main(["train", "tiny", "model.pe.theta=nan", f"data.cache_dir={cache_dir}",
+                         f"train.out_dir={tmp_path}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and not any(tmp_path.iterdir())
+    assert err == "hdrope train: error: model.pe.theta=nan: NaN and infinity are not allowed; give a finite number\n"

@@ -133,3 +133,69 @@ def test_the_printed_runs_page_opens_the_training_view_with_metric_columns_sorte
     view = json.loads(exp.tags["mlflow.sharedViewState.hdrope-runs"])
     assert view["selectedColumns"][:3] == ["metrics.`val_loss`", "metrics.`val_loss_x2`", "metrics.`passkey_acc`"]
     assert view["orderByKey"] == "metrics.`val_loss`" and view["orderByAsc"] is True
+
+
+def test_a_store_under_a_file_exits_2_before_a_server_starts(tmp_path):
+    """`--tracking-uri sqlite:///<a file>/x.db`: exit 2 naming the flag and the file (was a psutil traceback)."""
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a directory")
+    out = subprocess.run([sys.executable, "-m", "sweeps.console", "ui", "--tracking-uri",
+                          f"sqlite:///{blocker / 'x.db'}", "--port", str(_free_port())], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert f"--tracking-uri sqlite:///{blocker / 'x.db'}: {blocker} is a file" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_rapid_sigints_still_stop_the_whole_server(sweep_store, tmp_path):
+    """Five SIGINTs 50 ms apart (a key held down): `hdrope ui` exits 130 and no process of its server survives
+    (a second signal used to cut its cleanup short and leave the server running under PID 1)."""
+    import time
+
+    ui = _ui("uisweep", "--storage", str(sweep_store), "--port", "0", cwd=tmp_path)
+    line = ui.stdout.readline()
+    assert "MLflow UI for" in line, ui.stderr.read()[-2000:] if ui.poll() is not None else line
+    tree = psutil.Process(ui.pid).children(recursive=True)
+    assert tree  # the mlflow server and its workers
+    try:
+        for _ in range(5):
+            ui.send_signal(signal.SIGINT)
+            time.sleep(0.05)
+        assert ui.wait(60) == 130
+        _, alive = psutil.wait_procs(tree, timeout=10)
+        assert not _alive(alive), [p.cmdline() for p in _alive(alive)]
+    finally:
+        _stop(ui)
+
+
+@pytest.mark.slow
+def test_the_runs_view_lists_the_cells_and_the_parent_stays_reachable(sweep_store, tmp_path):
+    """Issue 27 §6: the printed runs page's stored view filters to the cells (the parent run, which has no metrics,
+    was a row among them); a view stored before keeps its order and gains the filter; `hdrope ui` prints the parent
+    run's own page. Checked against the real `mlflow server` that `hdrope ui` starts."""
+    import mlflow
+
+    from sweeps.plan_file import find_plan
+    from trainer.run.tracking import SweepTracker
+
+    tracker = SweepTracker(f"sqlite:///{find_plan('uisweep', str(sweep_store)).root / 'mlflow.db'}", "uisweep")
+    cells = {tracker.cell_run(f"c{i}", f"h{i}", {}, {}, run_name=f"cell-{i}") for i in (1, 2)}
+    parent = tracker.parent_run()
+    stale = {"orderByKey": "metrics.`val_loss_x2`", "orderByAsc": False}  # as a sweep of an older lab stored it
+    tracker.client.set_experiment_tag(tracker.experiment_id, "mlflow.sharedViewState.hdrope-runs", json.dumps(stale))
+    port = _free_port()
+    ui = _ui("uisweep", "--storage", str(sweep_store), "--port", str(port), cwd=tmp_path)
+    try:
+        lines = [ui.stdout.readline() for _ in range(3)]
+        client = mlflow.MlflowClient(f"http://127.0.0.1:{port}")
+        exp = client.get_experiment_by_name("uisweep")
+        view = json.loads(exp.tags["mlflow.sharedViewState.hdrope-runs"])
+        listed = client.search_runs([exp.experiment_id], filter_string=view["searchFilter"])
+        everything = client.search_runs([exp.experiment_id])
+    finally:
+        _stop(ui)
+    assert view == {**stale, "searchFilter": "tags.role = 'cell'"}
+    assert {r.info.run_id for r in listed} == cells  # the default list: the cells, one row each
+    assert {r.info.run_id for r in everything} == cells | {parent}  # the parent is still in the experiment
+    assert lines[2].startswith("the sweep's own run (plan, report): ") and parent in lines[2], lines

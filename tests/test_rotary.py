@@ -236,9 +236,12 @@ def test_frequencies_follow_block_formula():
         (dict(head_dim=16, rotation_dim=32, theta=1e4), "larger than head_dim", UserError),
         (dict(head_dim=64, rotation_dim=16, theta=1e4, basis="paley"), "14 or 18", UserError),
         (dict(head_dim=64, rotation_dim=4, theta=1e4, basis="qr"), "unknown basis", UserError),
-        # impl is no config key, only a library argument: a wrong one is a programming error
-        (dict(head_dim=64, rotation_dim=4, theta=1e4, impl="rotate_half"), "rotate_half", ValueError),
-        (dict(head_dim=64, rotation_dim=4, theta=1e4, impl="fast"), "unknown mixing impl", ValueError),
+        # impl, like every other argument: the argument, the value and the fix
+        (dict(head_dim=64, rotation_dim=4, theta=1e4, impl="rotate_half"),
+         r"impl='rotate_half' applies only to RoPE's generator .* rotation_dim=4 .* use impl='auto', 'permute' or "
+         "'dense'", UserError),
+        (dict(head_dim=64, rotation_dim=4, theta=1e4, impl="fast"), r"impl='fast' is unknown; choose one of",
+         UserError),
     ],
 )
 def test_bad_configuration_errors(kwargs, match, error):

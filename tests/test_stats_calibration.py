@@ -105,3 +105,61 @@ def test_family_correction_and_power():
     assert n is not None and detectable_difference(0.03, n, paired=True) <= 0.02
     assert detectable_difference(0.03, n - 1, paired=True) > 0.02
     assert seeds_needed(0.02, 0.03, paired=False) > n  # the unpaired spread here is the same, the test weaker
+
+
+def _marked(c) -> bool:
+    return c.p < 1 - c.level
+
+
+def _excludes_zero(c) -> bool:
+    return c.lo > 0 or c.hi < 0
+
+
+@pytest.mark.parametrize("paired", [True, False])
+def test_interval_and_mark_come_from_one_test(paired):
+    """Over simulated studies at 2–20 seeds (with and without an effect, ties included): the interval excludes 0
+    exactly when p < 1 − level, at two levels."""
+    rng = np.random.default_rng([27, paired])
+    studies = 0
+    for n in (2, 3, 5, 6, 7, 8, 10, 16, 17, 20):
+        for effect in (0.0, 0.4, 1.0):
+            for _ in range(40):
+                t = rng.normal(effect, 1.0, n)
+                r = rng.normal(0.0, 1.0, n)
+                if rng.random() < 0.2:  # coarse values: ties between subset means and 0
+                    t, r = np.round(t), np.round(r)
+                for level in (0.95, 0.9):
+                    c = compare(t, r, paired=paired, level=level)
+                    assert _excludes_zero(c) == _marked(c), (n, level, t - r if paired else (t, r), c)
+                    studies += 1
+    assert studies == 2400
+
+
+def test_the_issue_example_has_no_interval_without_its_mark():
+    """Issue 27: 6 seeds, one disagreeing. The exact sign-flip p is 4/64 and its 95% interval is [min, max] of the
+    differences, which holds 0: neither a mark nor an interval that excludes 0."""
+    c = compare([0.30, 0.32, 0.28, 0.31, 0.29, -0.01], np.zeros(6), paired=True)
+    assert c.p == pytest.approx(4 / 64) and (c.lo, c.hi) == pytest.approx((-0.01, 0.32))
+    assert c.testable and not _marked(c) and not _excludes_zero(c)
+    agree = compare([0.30, 0.32, 0.28, 0.31, 0.29, 0.01], np.zeros(6), paired=True)
+    assert agree.p == pytest.approx(2 / 64) and agree.lo == pytest.approx(0.01) and _marked(agree)
+
+
+def test_the_sign_flip_p_is_scipys_and_the_interval_is_exact():
+    """p equals scipy's exact permutation test; a shift just inside the interval is not rejected, just outside is."""
+    from scipy import stats as sps
+
+    rng = np.random.default_rng(11)
+    for n in (3, 6, 9):
+        d = rng.normal(0.5, 1.0, n)
+        c = compare(d, np.zeros(n), paired=True)
+        ref = sps.permutation_test((d,), np.mean, permutation_type="samples", n_resamples=np.inf,
+                                   alternative="two-sided", vectorized=True, axis=-1).pvalue
+        assert c.p == pytest.approx(min(1.0, ref), abs=1e-12)
+        if not np.isfinite(c.lo):
+            assert n <= 5 and not c.testable
+            continue
+        # the ends themselves are where a subset sum of d − d0 is 0, which rounding can put on either side
+        for d0, rejected in ((c.lo + 1e-9, False), (c.hi - 1e-9, False), (c.lo - 1e-9, True), (c.hi + 1e-9, True)):
+            shifted = compare(d - d0, np.zeros(n), paired=True)
+            assert _marked(shifted) == rejected, (n, d0)

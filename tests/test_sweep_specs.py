@@ -1,6 +1,7 @@
 """Sweep specs: planning, dedup and 20+ malformed specs rejected before Ray starts (exit code 2, field named)."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -284,3 +285,42 @@ def test_a_sweep_planned_with_the_old_cell_ids_keeps_them(tmp_path):
     assert [c.config_hash for c in again.cells] == [c.config_hash for c in plan.cells]
     assert [c.cell_id for c in find_plan(str(plan.root)).cells] == list(old_ids.values())
     assert [c.config.train.out_dir for c in again.cells] == [str(plan.root / "cells" / i) for i in old_ids.values()]
+
+
+def test_every_file_a_shipped_spec_cites_exists():
+    """A spec's comments point readers at code and other specs: each path they name is there."""
+    repo = Path(__file__).resolve().parents[1]
+    cited = re.compile(r"\b((?:hdrope|trainer|sweeps|analysis|experiments|tests)/[\w/.-]*\w\.(?:py|yaml|md))")
+    missing = [(spec.name, path) for spec in [*repo.glob("sweeps/*.yaml"), *repo.glob("experiments/**/*.yaml")]
+               for path in cited.findall(spec.read_text()) if not (repo / path).exists()]
+    assert not missing
+
+
+def test_bench_analysis_help_names_functions_that_exist(capsys):
+    """`hdrope bench analysis --help` names its loader by the module it lives in."""
+    import importlib
+
+    from sweeps import console
+
+    with pytest.raises(SystemExit):
+        console.main(["bench", "analysis", "--help"])
+    text = capsys.readouterr().out
+    assert "analysis.load.iter_maps" in text
+    for name in re.findall(r"`(analysis\.[\w.]+)`", text):
+        module, _, attr = name.rpartition(".")
+        assert hasattr(importlib.import_module(module), attr), name
+
+
+@pytest.mark.parametrize("make", ["missing", "file"])
+def test_bench_analysis_dir_that_cannot_hold_the_dump_exits_2(make, tmp_path, capsys):
+    """`hdrope bench analysis --dir D`: a D that is missing or a file is named with the fix (was FileNotFoundError)."""
+    from sweeps import console
+
+    target = tmp_path / "nowhere"
+    if make == "file":
+        target.write_text("x")
+    assert console.main(["bench", "analysis", "--dir", str(target), "--gib", "0.001", "--seconds", "0.1"]) == 2
+    err = capsys.readouterr().err
+    why = "does not exist" if make == "missing" else "is not a writable directory"
+    assert err == (f"hdrope bench analysis: error: --dir {target}: {why}; the benchmark writes its 0.001 GiB dump "
+                   "there, so create it first (mkdir -p) or leave --dir out for a temporary directory\n")

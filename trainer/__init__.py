@@ -8,6 +8,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from hdrope.moved import moved_attribute_error, register
+
 if TYPE_CHECKING:
     from trainer.config import RunConfig
     from trainer.presets import load_config
@@ -26,13 +28,28 @@ _EXPORTS = {
 
 __all__ = ["Reporter", "RunConfig", "TrainResult", "load_config", "train"]
 
+# Modules that moved when the package was split into data/model/run/evals/export/files: importing an old name
+# fails with a message naming the new home (hdrope.moved).
+register({f"trainer.{old}": f"trainer.{new}" for old, new in {
+    "attention_dump": "evals.attention_dump", "batches": "data.batches", "bench": "run.bench",
+    "cache": "files.cache", "checkpoint": "run.checkpoint", "cli": "run.cli", "corpus": "data.corpus",
+    "data_cli": "data.cli", "dir_lock": "files.dir_lock", "distributed": "run.distributed",
+    "encodings": "model.encodings", "encodings_bench": "model.bench", "eval_cli": "evals.cli",
+    "evaluate": "evals.evaluate", "generate": "model.generate", "hf_compat": "export.hf_compat",
+    "hf_export": "export.hf_export", "lm_harness": "evals.lm_harness", "loop": "run.loop", "optim": "run.optim",
+    "passkey": "evals.passkey", "position": "model.position", "reporting": "run.reporting",
+    "run_files": "files.run_files", "shard_manifest": "data.shard_manifest", "shard_prepare": "data.shard_prepare",
+    "shard_tokens": "data.shard_tokens", "throughput": "model.throughput", "token_cache": "data.token_cache",
+    "tokenizer": "data.tokenizer", "trained": "run.trained", "model.encodings.learned": "model.encodings.learned_basis",
+}.items()})
+
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value
         return value
-    raise AttributeError(f"module 'trainer' has no attribute {name!r}")
+    raise moved_attribute_error("trainer", name)
 
 
 def __dir__() -> list[str]:

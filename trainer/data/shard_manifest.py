@@ -271,7 +271,7 @@ def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int] | None:
                 return None
             shape, _, dtype = read(fh)
             return tuple(shape), np.dtype(dtype), fh.tell()
-    except (ValueError, OSError, SyntaxError):
+    except (ValueError, OSError, SyntaxError):  # numpy's header readers: ValueError, or literal_eval's SyntaxError
         return None
 
 

@@ -30,7 +30,9 @@ import hashlib
 import io
 import multiprocessing as mp
 import os
+import signal
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -113,8 +115,30 @@ def token_source(cfg: DataConfig) -> dict[str, Any]:
 _worker_tok: Tokenizer | None = None
 
 
-def _init_worker(spec: str, cache_dir: str) -> None:
+def _die_with_parent(parent_pid: int) -> None:
+    """End this worker when the driver that started it dies, even by SIGKILL (which runs no cleanup of the
+    driver's): on Linux the kernel sends SIGKILL at once (prctl PR_SET_PDEATHSIG); elsewhere a daemon thread
+    notices the new parent within a second. A worker whose driver died before this ran exits here. Multiprocessing's
+    resource tracker then sees its pipe close and exits too, so nothing the driver started is left."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    else:
+        def watch() -> None:
+            while os.getppid() == parent_pid:
+                time.sleep(1.0)
+            os._exit(1)
+
+        threading.Thread(target=watch, daemon=True, name="die-with-parent").start()
+    if os.getppid() != parent_pid:  # the driver died before the death signal was armed
+        os._exit(1)
+
+
+def _init_worker(spec: str, cache_dir: str, parent_pid: int) -> None:
     global _worker_tok
+    _die_with_parent(parent_pid)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the processes are the parallelism
     _worker_tok = load_tokenizer(spec, cache_dir=cache_dir)
 
@@ -491,7 +515,7 @@ def _encoded(chunks: Iterator[tuple[str, int, list[str]]], cfg: DataConfig, tok:
     # breaks the pool (BrokenProcessPool, an error) where Pool would wait for its result forever, and closing
     # it early (--max-shards, an error) cancels what is queued instead of terminating workers mid-transfer
     pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
-                               initargs=(cfg.tokenizer, cfg.cache_dir))
+                               initargs=(cfg.tokenizer, cfg.cache_dir, os.getpid()))
     try:
         inflight: deque = deque()
         for split, first, texts in chunks:

@@ -109,7 +109,7 @@ class _Checked:
         self.path = cache_root(cache_dir) / "shard-checks" / f"{key}.json"
         try:
             seen = json.loads(self.path.read_text())
-        except (OSError, ValueError):
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):  # no cache yet, or a damaged one: hash again
             seen = {}
         self.seen: dict[str, list] = seen if isinstance(seen, dict) else {}
         self.changed = False

@@ -47,7 +47,7 @@ def _holder(path: Path) -> str:
     for _ in range(20):  # a new holder may not have replaced a dead one's record yet
         try:
             record = json.loads(path.read_text() or "{}")
-        except (OSError, ValueError):
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):  # gone, or half written by a new holder
             record = {}
         if isinstance(record, dict) and isinstance(record.get("pid"), int) and _alive(record["pid"]):
             break

@@ -1,17 +1,28 @@
 """The decoder's architecture as a typed config (`ModelArgs`, the `model:` section of a run config) and its check.
 
-Imports no torch module code of the model, and checking it builds nothing (the encoding registry checks model.pe).
+Importing it loads neither torch nor the encodings: `import trainer.config` stays light (tested). The encoding
+registry (`trainer.model.position`, whose kinds hold their config beside their torch builder) is imported when a
+`ModelArgs` is made with its default `pe`, asked for its `encoding_shape`, or checked; checking builds nothing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hdrope.errors import UserError
-from trainer.model.position import EncodingShape, PEConfig, encoding_problems
+
+if TYPE_CHECKING:
+    from trainer.model.position import EncodingShape
 
 __all__ = ["ModelArgs", "validate_model_args"]
+
+
+def _default_pe() -> Any:
+    """RoPE's config (`model.pe.kind=rope`), from its kind's module."""
+    from trainer.model.position import PEConfig
+
+    return PEConfig()
 
 
 @dataclass
@@ -31,7 +42,7 @@ class ModelArgs:
     init_std: float = 0.02
     depth_scaled_init: bool = False  # scale wo / w2 init by 1/sqrt(2·n_layers)
     # one typed dataclass per kind (its module under trainer.model.encodings), chosen by pe.kind when merged
-    pe: Any = field(default_factory=PEConfig)
+    pe: Any = field(default_factory=_default_pe)
 
     @property
     def resolved_head_dim(self) -> int:
@@ -40,6 +51,8 @@ class ModelArgs:
     @property
     def encoding_shape(self) -> EncodingShape:
         """The dimensions the position encoding is built for."""
+        from trainer.model.position import EncodingShape
+
         return EncodingShape(self.resolved_head_dim, self.n_heads, self.n_kv_heads, self.n_layers, self.max_seq_len)
 
 
@@ -56,6 +69,8 @@ def validate_model_args(a: ModelArgs) -> None:
             f"model.n_heads={a.n_heads} is not divisible by model.n_kv_heads={a.n_kv_heads}; "
             "grouped-query attention needs n_kv_heads to divide n_heads"
         )
+    from trainer.model.position import encoding_problems
+
     problems = encoding_problems(a.pe, a.encoding_shape)
     if problems:
         raise UserError("; ".join(problems))

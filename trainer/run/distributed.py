@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -34,7 +35,8 @@ from hdrope.errors import UserError
 
 __all__ = ["RENDEZVOUS_TIMEOUT_ENV", "STRATEGIES", "Strategy", "TorchrunEnv", "World", "broadcast_from_main",
            "check_gpu_per_worker", "current_world", "gather_to_main", "join_torchrun_group", "load_from_main",
-           "main_first", "mean_across", "no_sync", "rendezvous_timeout", "torchrun_env", "wrap_model"]
+           "main_first", "mean_across", "no_sync", "rendezvous_timeout", "torchrun_env", "waiting_line",
+           "wrap_model"]
 
 RENDEZVOUS_TIMEOUT_ENV = "HDROPE_RENDEZVOUS_TIMEOUT_S"
 DEFAULT_RENDEZVOUS_TIMEOUT_S = 300.0
@@ -253,13 +255,25 @@ def check_gpu_per_worker(environ: Mapping[str, str], gpus: int) -> None:
                         f"{gpus}), or train on the CPU with train.device=cpu (gloo)")
 
 
+def waiting_line(env: TorchrunEnv, timeout: float) -> str:
+    """What a worker prints as it starts to wait for the others: whom, where and for how long."""
+    others = [r for r in range(env.world_size) if r != env.rank]
+    whom = f"rank {others[0]}" if len(others) == 1 else (
+        f"ranks {others[0]}–{others[-1]}" if others == list(range(others[0], others[-1] + 1))
+        else f"ranks {', '.join(map(str, others))}")
+    host = "hosting the rendezvous" if env.rank == 0 else "meeting rank 0"
+    return (f"rank {env.rank} of WORLD_SIZE={env.world_size} waits for {whom} at {env.master_addr}:{env.master_port} "
+            f"({host}) for at most {timeout:g} s ({RENDEZVOUS_TIMEOUT_ENV})")
+
+
 @contextlib.contextmanager
 def join_torchrun_group(device: str) -> Iterator[int]:
     """This process's rank in the process group torchrun's environment describes (WORLD_SIZE > 1), set up for
     the block and torn down after it (gloo on CPU, NCCL on CUDA); rank 0 with no group outside torchrun.
 
     The workers must all join within `rendezvous_timeout()` seconds; else UserError names the address, the
-    count and the fix. Collectives keep torch's own (longer) timeout."""
+    count and the fix. Each worker says on stderr at once whom it waits for, where and for how long, so a peer
+    that never comes is visible before the timeout. Collectives keep torch's own (longer) timeout."""
     env = torchrun_env()
     if env is None:
         yield 0
@@ -269,6 +283,7 @@ def join_torchrun_group(device: str) -> Iterator[int]:
     timeout = rendezvous_timeout()
     if device != "cpu" and torch.cuda.is_available():  # every worker of the machine refuses alike, before meeting
         check_gpu_per_worker(os.environ, torch.cuda.device_count())
+    print(waiting_line(env, timeout), file=sys.stderr, flush=True)
     try:
         store, rank, world = next(dist.rendezvous("env://", timeout=timedelta(seconds=timeout)))
     except dist.DistError as err:

@@ -166,8 +166,8 @@ def _check_lengths(cfg: RunConfig, data: DataBundle) -> None:
 
 def _checkpoint_step(path: Path) -> int:
     try:
-        return int(read_state(Path(path))["step"])
-    except (UserError, KeyError, TypeError, ValueError):
+        return read_state(Path(path))["step"]  # read_state checks that step is an int
+    except UserError:  # an unreadable checkpoint is never the one to resume from
         return -1
 
 
@@ -341,7 +341,7 @@ def train(cfg: RunConfig, reporter: Reporter | None = None, strategy: str = "ddp
         # rank 0 alone writes the run directory, so it alone holds it (a second writer is refused, naming this PID)
         with hold_dir_lock(run_dir, f"hdrope train of config {chash}") if main else contextlib.nullcontext():
             return _train(run)
-    except BaseException as err:
+    except BaseException as err:  # every way a run ends early is recorded as its status, then raised again
         status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
         reporter.finish(status, f"{type(err).__name__}: {err}")
         raise

@@ -1,15 +1,21 @@
-"""Optimizers (AdamW, SGD, Adafactor) and the warmup-then-decay learning-rate schedule."""
+"""Optimizers (AdamW, SGD, Adafactor) and the warmup-then-decay learning-rate schedule.
+
+Importing it loads no torch (the config tree reads `OptimConfig` and the names of `OPTIMIZERS`); a builder imports
+torch when it builds.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from hdrope.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 __all__ = ["OPTIMIZERS", "OptimConfig", "build_optimizer", "lr_at"]
 
@@ -32,14 +38,20 @@ class OptimConfig:
 
 
 def _adamw(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
+    import torch
+
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, foreach=True)
 
 
 def _sgd(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
+    import torch
+
     return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, foreach=True)
 
 
 def _adafactor(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
+    import torch
+
     return torch.optim.Adafactor(groups, lr=cfg.lr, foreach=True)
 
 

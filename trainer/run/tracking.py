@@ -36,6 +36,7 @@ from trainer.model.position import encoding_identity, identity_keys
 from trainer.run.reporting import Reporter
 
 __all__ = [
+    "CELLS_FILTER",
     "EXPERIMENT_KIND_TAG",
     "MODEL_TRAINING",
     "TRAINING_VIEW",
@@ -60,6 +61,7 @@ __all__ = [
     "runs_with",
     "server_answers",
     "share_runs_view",
+    "update_runs_view",
 ]
 
 # MLflow 3's UI opens an experiment tagged as model training on its runs (not the GenAI overview); a page whose URL
@@ -121,6 +123,9 @@ def runs_with(client: Any, tags: dict[str, str], experiment_ids: list[str] | Non
 
 SHARED_VIEW_TAG = "mlflow.sharedViewState."  # MLflow UI: a stored runs-table view, opened by ?viewStateShareKey=
 RUNS_VIEW_KEY = "hdrope-runs"  # the sweep's runs-table view, stored as MLflow's shared view state of that key
+# The view's run filter: the cells, one row each. The sweep's parent run (its plan and report, no metrics) stays in
+# the experiment, outside this list: clearing the filter, or its own link (`hdrope ui` prints it), shows it.
+CELLS_FILTER = "tags.role = 'cell'"
 TABLE_METRICS = ("val_loss", "val_loss_x2", "passkey_acc")  # the runs table's columns, left to right
 
 
@@ -137,9 +142,10 @@ def cell_run_name(identity: dict[str, Any], seed: int, values: dict[str, Any], s
 
 def runs_view(metric: str = "val_loss", ascending: bool = True) -> dict[str, Any]:
     """The runs table as a researcher wants it, in MLflow's shared-view-state format (what the UI's Share button
-    stores under the experiment tag `mlflow.sharedViewState.<key>`): the TABLE_METRICS and Duration as columns,
-    every run ordered by `metric` (which lists child runs flat, not folded under the parent)."""
-    return {"orderByKey": f"metrics.`{metric}`", "orderByAsc": ascending,
+    stores under the experiment tag `mlflow.sharedViewState.<key>`): the cells only (CELLS_FILTER, not the sweep's
+    parent run), the TABLE_METRICS and Duration as columns, ordered by `metric` (which lists child runs flat, not
+    folded under the parent)."""
+    return {"searchFilter": CELLS_FILTER, "orderByKey": f"metrics.`{metric}`", "orderByAsc": ascending,
             "selectedColumns": [*(f"metrics.`{m}`" for m in TABLE_METRICS), "attributes.`Duration`"],
             "runsHiddenMode": "SHOW_ALL"}
 
@@ -149,6 +155,21 @@ def share_runs_view(client: Any, experiment_id: str, metric: str = "val_loss", a
     client.set_experiment_tag(experiment_id, SHARED_VIEW_TAG + RUNS_VIEW_KEY,
                               json.dumps(runs_view(metric, ascending)))
     return RUNS_VIEW_KEY
+
+
+def update_runs_view(client: Any, experiment: Any) -> None:
+    """Store `runs_view` on a sweep's experiment that lacks it, or bring a stored one (of a sweep that ran before
+    the view listed cells only) up to date, keeping its order."""
+    stored = experiment.tags.get(SHARED_VIEW_TAG + RUNS_VIEW_KEY)
+    try:
+        view = json.loads(stored) if stored else None
+    except json.JSONDecodeError:  # a hand-edited tag: store the lab's view again
+        view = None
+    if not isinstance(view, dict):
+        share_runs_view(client, experiment.experiment_id)
+    elif view.get("searchFilter") != CELLS_FILTER:
+        client.set_experiment_tag(experiment.experiment_id, SHARED_VIEW_TAG + RUNS_VIEW_KEY,
+                                  json.dumps({**view, "searchFilter": CELLS_FILTER}))
 
 
 def runs_page(base_url: str, experiment_id: str, view_key: str = RUNS_VIEW_KEY) -> str:

@@ -83,7 +83,13 @@ def _read_items(path: Path, max_lines: int) -> list[dict[str, str]]:
 
 
 def _dataset_files(dataset: Path, max_lines: int) -> list[Path]:
-    """The builder's JSONL files under the bucket directories, every line checked; UserError if there are none."""
+    """The builder's JSONL files under the bucket directories, every line checked; UserError if there are none, or
+    if a directory holding JSONL files is not named by a bucket's length (its prompts would be skipped unscored)."""
+    for d in sorted(p for p in dataset.iterdir() if p.is_dir() and not p.name.isdigit()):
+        if any(d.glob("*.jsonl")):
+            raise UserError(f"{d}: holds JSONL files but is no bucket directory: a bucket is named by its target "
+                            f"length in tokens, a whole number such as 1024, and {d.name!r} is not; rename it to its "
+                            "bucket's length or move it out of the dataset")
     files = sorted(f for f in dataset.glob("*/*.jsonl") if f.parent.name.isdigit() and FILE_NAME.match(f.name))
     if not files:
         raise UserError(f"{dataset}: no JSONL files (was it a --dry-run?)")
