@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 
 from trainer.config import EvalConfig, config_hash, validation_windows
@@ -43,6 +42,7 @@ def test_bins_cover_every_position_once(spacing, length, bins):
     sums = np.arange(length, dtype=float)
     pl = PositionLoss(sums, np.ones(length, dtype=np.int64))
     first, loss, tokens = pl.binned(bins, spacing)
+    assert (first == starts).all()
     assert tokens.sum() == length and (loss * tokens).sum() == pytest.approx(sums.sum())
     if spacing == "log" and length >= 64:
         assert np.diff(starts)[-1] > np.diff(starts)[0]  # wider bins far out

@@ -2,7 +2,8 @@
 
 Position p is the index of the input token whose successor is predicted (p + 1 tokens of context), so a window of
 L + 1 tokens gives positions 0 … L − 1. Bins are spaced by a rule of POSITION_SPACINGS (the validator reads it);
-each row of position_loss.parquet is one bin at one length factor: `length_factor`, `position` (the bin's first
+each row of position_loss.parquet is one bin at one length factor: `length_factor`, `length` (the windows' positions,
+f times the train length), `position` (the bin's first
 position), `loss` (mean nats over the bin's tokens), `tokens` (how many), plus the run's name, config hash and
 encoding identity. The token-weighted mean of a factor's rows is that factor's validation loss, from the same
 windows (`val_loss` at 1x, `val_loss_x<f>` beyond).
@@ -66,8 +67,8 @@ class PositionLoss:
         return starts, sums / tokens, tokens
 
 
-_ROW = pa.schema([("length_factor", pa.float64()), ("position", pa.int64()), ("loss", pa.float64()),
-                  ("tokens", pa.int64())])
+_ROW = pa.schema([("length_factor", pa.float64()), ("length", pa.int64()), ("position", pa.int64()),
+                  ("loss", pa.float64()), ("tokens", pa.int64())])
 POSITION_LOSS_SCHEMA = _ROW
 _FIX = "rerun the cell's evaluation (or delete the file to report without it)"
 
@@ -75,7 +76,7 @@ _FIX = "rerun the cell's evaluation (or delete the file to report without it)"
 def write_position_loss(by_factor: dict[float, PositionLoss], bins: int, spacing: str, path: Path,
                         columns: Callable[[int], dict[str, pa.Array]] | None = None) -> Path:
     """Write the binned losses of every length factor; `columns(rows)` gives the run's identity columns."""
-    rows = [{"length_factor": float(f), "position": int(p), "loss": float(v), "tokens": int(n)}
+    rows = [{"length_factor": float(f), "length": len(pl.sums), "position": int(p), "loss": float(v), "tokens": int(n)}
             for f, pl in sorted(by_factor.items()) for p, v, n in zip(*pl.binned(bins, spacing), strict=True)]
     table = pa.Table.from_pylist(rows, schema=_ROW)
     for name, column in (columns(len(table)) if columns else {}).items():
