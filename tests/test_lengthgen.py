@@ -162,3 +162,22 @@ def test_report_draws_length_tables_and_figures(synthetic_sweep):
     assert "efflen_loss, θ=10000: NoPE − RoPE = 2.0000" in verdicts and "acc_copy_x8" in verdicts
     assert "acc_copy_x2, θ=10000: NoPE" not in verdicts  # not learned: no verdict
     assert (synthetic_sweep / "report" / "position_loss_diff_theta10000.png").is_file()
+
+
+def test_notebook_c_draws_the_length_figures_and_tables(synthetic_sweep):
+    import nbformat
+    from nbclient import NotebookClient
+
+    from analysis import NOTEBOOKS_DIR
+
+    nb = nbformat.read(NOTEBOOKS_DIR / "c_results_and_tables.ipynb", as_version=4)
+    params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    params.source = f"sweep_dir = {str(synthetic_sweep)!r}"
+    here = {"metadata": {"path": str(NOTEBOOKS_DIR)}}
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources=here).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    shown = "".join(o.get("text", "") + str(o.get("data", {}).get("text/markdown", "")) for o in outputs)
+    assert "### Effective length" in shown and "not learned" in shown
+    assert "Wilson interval of k/n" in shown and "lines: mean per-seed difference" in shown  # both new figures
+    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 3
