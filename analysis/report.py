@@ -218,10 +218,11 @@ def lengthgen_section(cells: pd.DataFrame) -> tuple[list[str], list[pd.DataFrame
     if not tasks and "efflen_loss" not in cells:
         return [], []
     learned = learned_table(cells)
-    md = ["## Length generalisation", "",
-          f"_A (variant, task) whose 1x exact match, pooled over its seeds, is below {LEARNED_THRESHOLD:g} is marked "
-          "**not learned**: it gets no length-generalisation test or verdict (an instrument flat at 1x reads the "
-          "same for every encoding)._", ""]
+    md = ["## Length generalisation", ""]
+    if tasks:
+        md += [f"_A (variant, task) whose 1x exact match, pooled over its seeds, is below {LEARNED_THRESHOLD:g} is "
+               "marked \"not learned\": it gets no length-generalisation test or verdict (an instrument flat at 1x "
+               "reads the same for every encoding)._", ""]
     all_tests = []
     theta_key = cells["theta"].astype(float).fillna(-1.0)
     for task, by_factor in tasks.items():

@@ -2,11 +2,10 @@
 
 Position p is the index of the input token whose successor is predicted (p + 1 tokens of context), so a window of
 L + 1 tokens gives positions 0 … L − 1. Bins are spaced by a rule of POSITION_SPACINGS (the validator reads it);
-each row of position_loss.parquet is one bin at one length factor: `length_factor`, `length` (the windows' positions,
-f times the train length), `position` (the bin's first
-position), `loss` (mean nats over the bin's tokens), `tokens` (how many), plus the run's name, config hash and
-encoding identity. The token-weighted mean of a factor's rows is that factor's validation loss, from the same
-windows (`val_loss` at 1x, `val_loss_x<f>` beyond).
+each row of position_loss.parquet is one bin at one length factor: `length_factor`, `length` (the windows'
+positions, f times the train length), `position` (the bin's first position), `loss` (mean nats over the bin's
+tokens), `tokens` (how many), plus the run's name, config hash and encoding identity. The token-weighted mean of a
+factor's rows is that factor's validation loss, from the same windows (`val_loss` at 1x, `val_loss_x<f>` beyond).
 """
 
 from __future__ import annotations
@@ -67,9 +66,8 @@ class PositionLoss:
         return starts, sums / tokens, tokens
 
 
-_ROW = pa.schema([("length_factor", pa.float64()), ("length", pa.int64()), ("position", pa.int64()),
-                  ("loss", pa.float64()), ("tokens", pa.int64())])
-POSITION_LOSS_SCHEMA = _ROW
+POSITION_LOSS_SCHEMA = pa.schema([("length_factor", pa.float64()), ("length", pa.int64()), ("position", pa.int64()),
+                                  ("loss", pa.float64()), ("tokens", pa.int64())])
 _FIX = "rerun the cell's evaluation (or delete the file to report without it)"
 
 
@@ -78,7 +76,7 @@ def write_position_loss(by_factor: dict[float, PositionLoss], bins: int, spacing
     """Write the binned losses of every length factor; `columns(rows)` gives the run's identity columns."""
     rows = [{"length_factor": float(f), "length": len(pl.sums), "position": int(p), "loss": float(v), "tokens": int(n)}
             for f, pl in sorted(by_factor.items()) for p, v, n in zip(*pl.binned(bins, spacing), strict=True)]
-    table = pa.Table.from_pylist(rows, schema=_ROW)
+    table = pa.Table.from_pylist(rows, schema=POSITION_LOSS_SCHEMA)
     for name, column in (columns(len(table)) if columns else {}).items():
         table = table.append_column(name, column)
     pq.write_table(table, path)
@@ -92,7 +90,7 @@ def read_position_loss(path: Path) -> pa.Table:
     except (OSError, pa.ArrowInvalid) as err:
         raise UserError(f"{path}: unreadable loss-by-position table ({type(err).__name__}: truncated or not "
                         f"Parquet); {_FIX}") from None
-    missing = [c for c in _ROW.names if c not in table.column_names]
+    missing = [c for c in POSITION_LOSS_SCHEMA.names if c not in table.column_names]
     if missing:
         raise UserError(f"{path}: not a loss-by-position table (missing columns {missing}); {_FIX}")
     return table
