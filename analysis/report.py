@@ -253,8 +253,9 @@ def lengthgen_section(cells: pd.DataFrame) -> tuple[list[str], list[pd.DataFrame
            f"{DEFAULT_RULE.text()} (not learned: no value). Loss: the first position past the train length whose "
            f"binned loss exceeds its in-distribution level (positions [L/2, L) of the same windows) by more than "
            f"{LOSS_TOLERANCE:g} nats; a curve that never does is censored at its window length. Cells: mean over "
-           f"seeds ± half the 95% Student-t interval. * differs from RoPE: {correction_text(CORRECTION)} over the "
-           f"{len(tests)} comparisons of this table (one family), paired by seed where both ran the same seeds._", ""]
+           f"seeds ± half the 95% Student-t interval._",
+           f"_* differs from RoPE: {correction_text(CORRECTION)} over the {len(tests)} comparisons of this table (one "
+           "family), paired by seed where both ran the same seeds._", ""]
     if len(tests):
         md += [_comparison_markdown(tests), ""]
     return md, all_tests
