@@ -10,7 +10,11 @@ the unit of replication everywhere:
   ran the same seeds, exact sign-flip p; else Welch). A design that cannot reach 5% at all says
   "too few seeds to test". Each table is followed by its comparisons (Δ, CI, p, corrected p, the
   difference detectable at 80% power) and the report ends with a one-line verdict per comparison.
-- Costs (tokens/s, MFU) are a separate table: the median over each run's history, never tested.
+- Length generalisation (`lengthgen_section`, docs/length-generalisation.md): exact match by evaluated length per
+  task (k/n, Wilson; "not learned" below 0.9 at 1x, without tests or verdicts) and effective lengths per seed, each
+  table one Holm family named in its caption.
+- Costs (tokens/s, MFU, the final evaluation's seconds) are a separate table: the median over each run's history,
+  never tested.
 - Figures carry intervals over seeds and captions that say what they pooled (`analysis.figures`).
 """
 

@@ -181,3 +181,17 @@ def test_notebook_c_draws_the_length_figures_and_tables(synthetic_sweep):
     assert "### Effective length" in shown and "not learned" in shown
     assert "Wilson interval of k/n" in shown and "lines: mean per-seed difference" in shown  # both new figures
     assert sum("image/png" in o.get("data", {}) for o in outputs) >= 3
+
+
+def test_a_family_of_several_metrics_is_corrected_together(synthetic_sweep):
+    from analysis.comparisons import comparison_family, comparison_table
+    from analysis.stats import adjust
+
+    cells = _cells(synthetic_sweep)
+    metrics = ["acc_copy_x2", "acc_copy_x4", "val_loss"]
+    family = comparison_family(cells, metrics)
+    alone = [comparison_table(cells, m) for m in metrics]
+    raw = [p for t in alone for p in t["p"]]
+    assert family["p"].tolist() == raw and family["family"].eq(len(raw)).all()
+    assert family["p_adj"].tolist() == pytest.approx(adjust(raw, "holm"))
+    assert (family["p_adj"] >= pd.concat(alone)["p_adj"].to_numpy()).all()  # a larger family never corrects less
