@@ -1,7 +1,8 @@
 """Every variant against its RoPE reference, per metric and θ: the calibrated comparisons a report marks.
 
 For one metric the family is every (variant, θ) comparison of its table; p-values are corrected over
-that family (Holm by default). A comparison is paired by seed when both variants ran the same seeds
+that family (Holm by default). A variant without θ (NoPE, ALiBi) is compared with the RoPE reference at every θ.
+A comparison is paired by seed when both variants ran the same seeds
 (same data order and initialisation), else Welch. Each row also carries the smallest difference the
 comparison could have detected at 80% power from its own per-seed spread, and a one-line verdict.
 """
@@ -16,7 +17,8 @@ from analysis.stats import CORRECTIONS, adjust, compare, detectable_difference, 
 from analysis.variants import theta_text, variant_axes
 from trainer.model.position import identity_is_rope
 
-__all__ = ["COLUMNS", "comparison_table", "correction_text", "fmt", "is_rope", "references", "verdict"]
+__all__ = ["COLUMNS", "comparison_family", "comparison_table", "correction_text", "fmt", "is_rope", "references",
+           "verdict"]
 
 COLUMNS = ["metric", "theta", "variant", "reference", "delta", "lo", "hi", "p", "p_adj", "n", "paired", "method",
            "testable", "significant", "mde", "family", "correction", "level"]
@@ -40,18 +42,21 @@ def references(cells: pd.DataFrame) -> dict[str, str]:
     return refs
 
 
+def _at(values: pd.DataFrame, variant: str, theta: float) -> pd.Series:
+    """A variant's per-seed values at θ; a variant without θ (NoPE, ALiBi) has the same values at every θ."""
+    mine = values[values["variant"] == variant]
+    if mine["theta"].isna().all():
+        return mine.set_index("seed")["value"]
+    at = mine[np.isclose(mine["theta"].astype(float), theta)] if np.isfinite(theta) else mine[mine["theta"].isna()]
+    return at.set_index("seed")["value"]
+
+
 def _arms(values: pd.DataFrame, variant: str, reference: str, theta: float) -> tuple[pd.Series, pd.Series]:
-    at = values[np.isclose(values["theta"].astype(float), theta)] if np.isfinite(theta) else values[
-        values["theta"].isna()]
-    t = at[at["variant"] == variant].set_index("seed")["value"]
-    r = at[at["variant"] == reference].set_index("seed")["value"]
-    return t, r
+    return _at(values, variant, theta), _at(values, reference, theta)
 
 
-def comparison_table(cells: pd.DataFrame, metric: str, level: float = 0.95, correction: str = "holm") -> pd.DataFrame:
-    """One row per (θ, variant with a RoPE reference) that both ran: the difference variant − reference over
-    seeds, its interval, p, the family-corrected p, whether it is significant, and the 80%-power detectable
-    difference at the corrected level (Bonferroni bound of the family)."""
+def _rows(cells: pd.DataFrame, metric: str, level: float) -> list[dict]:
+    """The uncorrected comparisons of one metric: a row per (θ, variant with a RoPE reference) that both ran."""
     values = seed_values(cells, metric)
     refs = references(cells)
     rows = []
@@ -67,7 +72,15 @@ def comparison_table(cells: pd.DataFrame, metric: str, level: float = 0.95, corr
             rows.append({"metric": metric, "theta": theta, "variant": variant, "reference": refs[variant],
                          "delta": c.delta, "lo": c.lo, "hi": c.hi, "p": c.p, "n": c.n, "paired": c.paired,
                          "method": c.method, "testable": c.testable, "sd": c.sd})
-    table = pd.DataFrame(rows, columns=[*COLUMNS, "sd"])
+    return rows
+
+
+def comparison_family(cells: pd.DataFrame, metrics: list[str], level: float = 0.95,
+                      correction: str = "holm") -> pd.DataFrame:
+    """The comparisons of several metrics corrected as one family (a table whose columns are metrics, such as
+    accuracy by length or effective lengths): the rows of `comparison_table` for each metric, with p_adj,
+    significance and the detectable difference taken over all of them."""
+    table = pd.DataFrame([r for m in metrics for r in _rows(cells, m, level)], columns=[*COLUMNS, "sd"])
     alpha = 1 - level
     family = int(table["p"].notna().sum())
     table["p_adj"] = adjust(table["p"].tolist(), correction) if len(table) else []
@@ -76,6 +89,13 @@ def comparison_table(cells: pd.DataFrame, metric: str, level: float = 0.95, corr
                     for sd, n, pr in zip(table["sd"], table["n"], table["paired"], strict=True)]
     table["family"], table["correction"], table["level"] = family, correction, level
     return table[COLUMNS]
+
+
+def comparison_table(cells: pd.DataFrame, metric: str, level: float = 0.95, correction: str = "holm") -> pd.DataFrame:
+    """One row per (θ, variant with a RoPE reference) that both ran: the difference variant − reference over
+    seeds, its interval, p, the family-corrected p, whether it is significant, and the 80%-power detectable
+    difference at the corrected level (Bonferroni bound of the family)."""
+    return comparison_family(cells, [metric], level, correction)
 
 
 def fmt(x: float, digits: int = 4) -> str:

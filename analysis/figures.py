@@ -15,15 +15,17 @@ import pandas as pd
 
 from analysis.comparisons import is_rope
 from analysis.fourier import fourier_magnitude, rope_band_magnitude
+from analysis.lengthgen import LEARNED_THRESHOLD, accuracy_counts, position_losses, task_metrics
 from analysis.load import load_profiles, load_stats
 from analysis.outcomes import read_passkey, seed_values
 from analysis.plots import line_figure, panel_figure, polar_fan
 from analysis.rank import per_seed, rank_difference, seed_interval
-from analysis.stats import mean_interval
+from analysis.stats import compare, mean_interval, proportion_interval
 from analysis.theory import pair_frequencies
 from analysis.variants import theta_text
 
-__all__ = ["Figure", "by_theta", "fourier_figures", "metric_vs_theta", "passkey_fans", "rank_figures", "variants"]
+__all__ = ["Figure", "accuracy_vs_length", "by_theta", "fourier_figures", "metric_vs_theta", "passkey_fans",
+           "position_loss_figures", "rank_figures", "variants"]
 
 
 @dataclass
@@ -222,4 +224,91 @@ def fourier_figures(cells: pd.DataFrame, head_dim: int, level: float = 0.95) -> 
             figs.append(Figure(f"rope_band_{_tag(tt)}", panel_figure(
                 rope, "block frequency θ_j (rad/token)", "|NUDFT| (logit units)", f"RoPE-band magnitude, {tt}",
                 logx=True, logy=True, bands=r_band, caption=cap), cap))
+    return figs
+
+
+def accuracy_vs_length(cells: pd.DataFrame, level: float = 0.95, threshold: float = LEARNED_THRESHOLD) -> list[Figure]:
+    """Per task and θ: exact match against the evaluated length per variant, k/n pooled over seeds and prompts with
+    Wilson bands; a variant below the learned threshold at 1x is labelled "not learned"."""
+    figs = []
+    for task, by_factor in task_metrics(list(cells.columns)).items():
+        for tt, group in by_theta(cells):
+            series, band, seeds = {}, {}, set()
+            for v, g in variants(group):
+                ivs = [(f, proportion_interval(*accuracy_counts(g, m), level)) for f, m in by_factor.items()]
+                ivs = [(f, iv) for f, iv in ivs if iv.n > 0]
+                if not ivs:
+                    continue
+                first = ivs[0][1]
+                label = v if first.estimate >= threshold else f"{v} (not learned)"
+                series[label] = (np.array([f for f, _ in ivs]), np.array([iv.estimate for _, iv in ivs]))
+                band[label] = (np.array([iv.lo for _, iv in ivs]), np.array([iv.hi for _, iv in ivs]))
+                seeds.add(int(g["seed"].nunique()))
+            if not series:
+                continue
+            caption = (f"Points: exact match k/n pooled over each variant's seeds (n = "
+                       f"{'–'.join(map(str, sorted(seeds)))}) and prompts (identical across variants within a seed); "
+                       f"bands: {level:.0%} Wilson interval of k/n. \"not learned\": 1x accuracy below {threshold:g}, "
+                       "so its lengths carry no verdict. The length tables give the tests.")
+            figs.append(Figure(f"accuracy_vs_length_{_tag(task)}_{_tag(tt)}", line_figure(
+                series, "evaluated length (× train length)", "exact match (k/n)", f"{task}: accuracy vs length, {tt}",
+                logx=True, band=band, caption=caption), caption))
+    return figs
+
+
+def _seed_curves(rows: pd.DataFrame, g: pd.DataFrame) -> pd.DataFrame:
+    """seed × bin position -> loss of one variant's cells (cells sharing a seed averaged)."""
+    mine = rows[rows["cell"].isin(g.index)].assign(seed=lambda d: d["cell"].map(g["seed"]))
+    return mine.groupby(["seed", "position"])["loss"].mean().unstack("position").sort_index()
+
+
+def position_loss_figures(cells: pd.DataFrame, level: float = 0.95) -> list[Figure]:
+    """Per θ, at the longest evaluated length: the per-position loss per variant (mean over seeds, t-bands) and its
+    difference from RoPE per bin (paired by seed where both ran the same seeds, else Welch), positions in
+    multiples of the train length."""
+    rows = position_losses(cells)
+    if rows.empty:
+        return []
+    factor = float(rows["length_factor"].max())
+    rows = rows[rows["length_factor"] == factor]
+    train_length = int(rows["length"].iloc[0]) / factor
+    figs = []
+    for tt, group in by_theta(cells[cells.index.isin(rows["cell"])]):
+        curves = {v: _seed_curves(rows, g) for v, g in variants(group)}
+        if not curves:
+            continue
+        absolute, bands = {}, {}
+        for v, c in curves.items():
+            ivs = [mean_interval(c[p], level) for p in c.columns]
+            absolute[v] = (c.columns.to_numpy() / train_length, np.array([iv.estimate for iv in ivs]))
+            bands[v] = (np.array([iv.lo for iv in ivs]), np.array([iv.hi for iv in ivs]))
+        n_seeds = "–".join(map(str, sorted({len(c) for c in curves.values()})))
+        pooled = (f"Windows of {factor:g}x the train length; each bin's loss is the mean over its tokens (bins by "
+                  f"first position); lines: mean over seeds (n = {n_seeds}); bands: {level:.0%} Student-t interval "
+                  "over seeds (none with one seed). Positions past 1 are beyond the train length.")
+        figs.append(Figure(f"position_loss_{_tag(tt)}", line_figure(
+            absolute, "position (× train length)", "next-token loss (nats/token)",
+            f"loss by position at {factor:g}x, {tt}", band=bands, caption=pooled), pooled))
+        ref = next((v for v, g in variants(group) if is_rope(g).all()), None)
+        if ref is None:
+            figs[-1].notes = (f"{tt}: no RoPE variant ran, so no loss-by-position difference is shown",)
+            continue
+        series, band = {}, {}
+        for v, c in curves.items():
+            if v == ref:
+                continue
+            r = curves[ref]
+            paired = set(c.index) == set(r.index)
+            cs = [compare(c[p].to_numpy(), r.loc[c.index if paired else r.index, p].to_numpy(), paired=paired,
+                          level=level) for p in c.columns if p in r.columns]
+            x = np.array([p for p in c.columns if p in r.columns]) / train_length
+            series[f"{v} − {ref}"] = (x, np.array([d.delta for d in cs]))
+            band[f"{v} − {ref}"] = (np.array([d.lo for d in cs]), np.array([d.hi for d in cs]))
+        if series:
+            caption = (f"{pooled.replace('lines: mean over seeds', 'lines: mean per-seed difference')} Differences "
+                       "are paired by seed where both variants ran the same seeds (else Welch); bands are per bin, "
+                       "not corrected over bins.")
+            figs.append(Figure(f"position_loss_diff_{_tag(tt)}", line_figure(
+                series, "position (× train length)", "Δ next-token loss (nats/token)",
+                f"loss by position minus {ref}, {factor:g}x, {tt}", band=band, hline=0.0, caption=caption), caption))
     return figs

@@ -5,7 +5,8 @@
 - The seed is the unit: `seed_values` gives one value per (variant, θ, seed), averaging the cells that
   share a training seed (e.g. several random-basis seeds), so that comparisons pair by seed.
 - Accuracies are counts: `passkey_acc` is k of n prompts (read from each cell's passkey.parquet), an
-  lm-eval accuracy `lm_<task>_<acc|acc_norm|exact_match>` is k of `lm_<task>_n` documents.
+  lm-eval accuracy `lm_<task>_<acc|acc_norm|exact_match>` is k of `lm_<task>_n` documents, a synthetic task's
+  `acc_<task>_x<f>` is k of `n_<task>_x<f>` prompts.
 """
 
 from __future__ import annotations
@@ -22,10 +23,17 @@ from trainer.files.run_files import read_metrics
 
 __all__ = ["COST_METRICS", "cost_table", "is_proportion", "outcome_metrics", "read_passkey", "seed_values"]
 
-_LM_PROPORTION = re.compile(r"^lm_(?P<task>.+)_(acc|acc_norm|exact_match)$")
+# an accuracy metric's pattern -> its count column: lm-eval documents, and synthetic-task prompts per length factor
+_PROPORTIONS = ((re.compile(r"^lm_(?P<task>.+)_(acc|acc_norm|exact_match)$"), "lm_{task}_n"),
+                (re.compile(r"^acc_(?P<task>.+)_x(?P<tag>[0-9.]+)$"), "n_{task}_x{tag}"))
+
+
 def _lm_count_column(metric: str) -> str | None:
-    m = _LM_PROPORTION.match(metric)
-    return f"lm_{m['task']}_n" if m else None
+    """The column holding the trials a proportion metric counts (None for a metric that is not one)."""
+    for pattern, count in _PROPORTIONS:
+        if m := pattern.match(metric):
+            return count.format(**m.groupdict())
+    return None
 
 
 def outcome_metrics(metrics: list[str]) -> list[str]:

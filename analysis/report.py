@@ -10,7 +10,11 @@ the unit of replication everywhere:
   ran the same seeds, exact sign-flip p; else Welch). A design that cannot reach 5% at all says
   "too few seeds to test". Each table is followed by its comparisons (Δ, CI, p, corrected p, the
   difference detectable at 80% power) and the report ends with a one-line verdict per comparison.
-- Costs (tokens/s, MFU) are a separate table: the median over each run's history, never tested.
+- Length generalisation (`lengthgen_section`, docs/length-generalisation.md): exact match by evaluated length per
+  task (k/n, Wilson; "not learned" below 0.9 at 1x, without tests or verdicts) and effective lengths per seed, each
+  table one Holm family named in its caption.
+- Costs (tokens/s, MFU, the final evaluation's seconds) are a separate table: the median over each run's history,
+  never tested.
 - Figures carry intervals over seeds and captions that say what they pooled (`analysis.figures`).
 """
 
@@ -22,13 +26,24 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from analysis.comparisons import comparison_table, correction_text, fmt, references, verdict
+from analysis.comparisons import comparison_family, comparison_table, correction_text, fmt, references, verdict
 from analysis.figures import (
     Figure,
+    accuracy_vs_length,
     fourier_figures,
     metric_vs_theta,
     passkey_fans,
+    position_loss_figures,
     rank_figures,
+)
+from analysis.lengthgen import (
+    DEFAULT_RULE,
+    LEARNED_THRESHOLD,
+    LOSS_TOLERANCE,
+    is_task_metric,
+    learned_table,
+    task_metrics,
+    with_effective_lengths,
 )
 from analysis.load import load_results, read_json, sweep_cells
 from analysis.mechanism import mechanism_lines
@@ -41,8 +56,8 @@ from hdrope.errors import UserError
 if TYPE_CHECKING:
     from sweeps.plan import Plan
 
-__all__ = ["ablation_table", "build_report", "comparisons", "metric_columns", "references", "report_figures",
-           "verdict_lines"]
+__all__ = ["ablation_table", "build_report", "comparisons", "lengthgen_section", "metric_columns", "references",
+           "report_figures", "verdict_lines"]
 
 _NOT_METRICS = {"seed", "steps", "theta", "rotation_dim", "basis_seed"}
 LEVEL, CORRECTION = 0.95, "holm"
@@ -91,7 +106,7 @@ def ablation_table(results: pd.DataFrame, metric: str) -> pd.DataFrame:
     cells = _cells(results)
     values = seed_values(cells, metric)
     proportion = is_proportion(cells, metric)
-    tests = comparison_table(cells, metric, LEVEL, CORRECTION).set_index(["variant", "theta"])
+    marks = _marks(comparison_table(cells, metric, LEVEL, CORRECTION))
     thetas = sorted({float(t) for t in values["theta"].dropna()}) + ([np.nan] if values["theta"].isna().any() else [])
     out: dict[str, dict[str, str]] = {}
     ranks = cells.drop_duplicates("variant").set_index("variant")["variant_rank"]
@@ -102,14 +117,27 @@ def ablation_table(results: pd.DataFrame, metric: str) -> pd.DataFrame:
             column = theta_text(None if np.isnan(theta) else theta)
             if at.empty and not (cells["variant"].eq(variant) & _theta_match(cells, theta)).any():
                 continue
-            text = _cell_text(at, proportion)
-            if (variant, theta) in tests.index:
-                row = tests.loc[(variant, theta)]
-                text += " *" if row["significant"] else (" (too few seeds to test)" if not row["testable"] else "")
-            out.setdefault(variant, {})[column] = text
+            out.setdefault(variant, {})[column] = _cell_text(at, proportion) + _mark(marks, metric, variant, theta)
     table = pd.DataFrame(out).T
     columns = [c for c in (theta_text(None if np.isnan(t) else t) for t in thetas) if c in table.columns]
     return table.loc[[v for v in sorted(out, key=lambda v: ranks[v])], columns].fillna("")
+
+
+def _marks(tests: pd.DataFrame) -> dict[tuple[str, str], list[tuple[float, pd.Series]]]:
+    """(metric, variant) -> [(θ, comparison row)] of a table's comparisons."""
+    out: dict[tuple[str, str], list[tuple[float, pd.Series]]] = {}
+    for _, r in tests.iterrows():
+        out.setdefault((r["metric"], r["variant"]), []).append((float(r["theta"]), r))
+    return out
+
+
+def _mark(marks: dict[tuple[str, str], list[tuple[float, pd.Series]]], metric: str, variant: str, theta: float) -> str:
+    """A cell's mark: ' *' significant, ' (too few seeds to test)', or ''. A θ-less cell (NoPE) takes the mark of
+    its comparison when it was compared at one θ only."""
+    at = [r for th, r in marks.get((metric, variant), []) if np.isnan(theta) or np.isclose(th, theta)]
+    if len(at) != 1:
+        return ""
+    return " *" if at[0]["significant"] else (" (too few seeds to test)" if not at[0]["testable"] else "")
 
 
 def _theta_match(cells: pd.DataFrame, theta: float) -> pd.Series:
@@ -125,13 +153,16 @@ def _markdown(table: pd.DataFrame, index_name: str = "variant") -> str:
 
 
 def _comparison_markdown(tests: pd.DataFrame) -> str:
-    """The comparisons under a table: Δ and CI, design, p, corrected p, mark, 80%-power detectable difference."""
-    lines = ["| θ | comparison | Δ [95% CI] | design | p | p (Holm) | | detectable at 80% power |",
-             "|---|---|---|---|---|---|---|---|"]
+    """The comparisons under a table: Δ and CI, design, p, corrected p, mark, 80%-power detectable difference (and
+    the metric, when the table's family spans several)."""
+    several = tests["metric"].nunique() > 1
+    lines = [f"| {'metric | ' if several else ''}θ | comparison | Δ [95% CI] | design | p | p (Holm) | | "
+             "detectable at 80% power |", "|---|---|---|---|---|---|---|---|" + ("---|" if several else "")]
     for _, r in tests.iterrows():
         design = f"paired, {r['n']} seeds" if r["paired"] else f"Welch, ≥{r['n']} seeds/arm"
         mark = "*" if r["significant"] else ("too few seeds to test" if not r["testable"] else "n.s.")
-        lines.append(f"| {theta_text(r['theta'])} | {r['variant']} − {r['reference']} | {fmt(r['delta'])} "
+        lines.append(f"| {r['metric'] + ' | ' if several else ''}{theta_text(r['theta'])} | {r['variant']} − "
+                     f"{r['reference']} | {fmt(r['delta'])} "
                      f"[{fmt(r['lo'])}, {fmt(r['hi'])}] | {design}, {r['method']} | "
                      f"{fmt(r['p'], 3)} | {fmt(r['p_adj'], 3)} | {mark} | {fmt(r['mde'])} |")
     return "\n".join(lines)
@@ -155,6 +186,83 @@ def _table_notes(cells: pd.DataFrame, metric: str, tests: pd.DataFrame) -> list[
     if len(values) and (values == 0).all():
         notes.append(f"_{metric} is 0 for every cell: no model solved the task at this training budget._")
     return notes
+
+
+def _row_label(variant: str, theta: float, thetas: int) -> str:
+    return variant if thetas < 2 else f"{variant}, {theta_text(None if np.isnan(theta) else theta)}"
+
+
+def _metric_grid(cells: pd.DataFrame, columns: dict[str, str], tests: pd.DataFrame,
+                 blocked: dict[tuple[str, float], str] | None = None) -> pd.DataFrame:
+    """Rows: variant (and θ when it varies); one column per label -> metric; cells as `_cell_text` with the
+    table's marks; a (variant, θ) in `blocked` shows its reason instead of values."""
+    marks = _marks(tests)
+    n_theta = cells["theta"].astype(float).fillna(-1.0).nunique()
+    out: dict[str, dict[str, str]] = {}
+    order = cells.assign(_t=cells["theta"].astype(float).fillna(-1.0)).sort_values(["variant_rank", "_t"])
+    for (variant, t), g in order.groupby(["variant", "_t"], sort=False):
+        theta = np.nan if t < 0 else float(t)
+        row = out.setdefault(_row_label(variant, theta, n_theta), {})
+        for label, metric in columns.items():
+            values = seed_values(g, metric) if metric in g else pd.DataFrame()
+            text = _cell_text(values, is_proportion(g, metric) if metric in g else False)
+            text += _mark(marks, metric, variant, theta)
+            if blocked and (variant, t) in blocked:
+                text = blocked[(variant, t)] + (f": {text}" if label.startswith("1x") else "")
+            row[label] = text
+    return pd.DataFrame(out).T[list(columns)]
+
+
+def lengthgen_section(cells: pd.DataFrame) -> tuple[list[str], list[pd.DataFrame]]:
+    """The length-generalisation tables (accuracy by length per task, effective lengths), each one Holm family
+    named in its caption, with their comparisons; ([], []) when the cells have neither task metrics nor
+    loss-by-position tables."""
+    tasks = task_metrics(list(cells.columns))
+    cells = with_effective_lengths(cells)
+    if not tasks and "efflen_loss" not in cells:
+        return [], []
+    learned = learned_table(cells)
+    md = ["## Length generalisation", ""]
+    if tasks:
+        md += [f"_A (variant, task) whose 1x exact match, pooled over its seeds, is below {LEARNED_THRESHOLD:g} is "
+               "marked \"not learned\": it gets no length-generalisation test or verdict (an instrument flat at 1x "
+               "reads the same for every encoding)._", ""]
+    all_tests = []
+    theta_key = cells["theta"].astype(float).fillna(-1.0)
+    for task, by_factor in tasks.items():
+        mine = learned[learned["task"] == task]
+        blocked = {(v, -1.0 if np.isnan(t) else t): "not learned"
+                   for v, t, ok in zip(mine["variant"], mine["theta"], mine["learned"], strict=True) if not ok}
+        masked = cells.copy()
+        out = [(v, t) in blocked for v, t in zip(cells["variant"], theta_key, strict=True)]
+        counts = ["n_" + m.removeprefix("acc_") for m in by_factor.values()]
+        masked.loc[out, [*by_factor.values(), *(c for c in counts if c in masked)]] = np.nan  # no test, no verdict
+        tests = comparison_family(masked, list(by_factor.values()), LEVEL, CORRECTION)
+        all_tests.append(tests)
+        grid = _metric_grid(cells, {f"{f:g}x": m for f, m in by_factor.items()}, tests, blocked)
+        md += [f"### {task}: exact match by evaluated length", "", _markdown(grid), "",
+               "_Cells: k/n pooled over seeds and prompts with Wilson's 95% interval; tests use the per-seed "
+               "accuracy (prompts are identical across variants within a seed)._",
+               f"_* differs from RoPE at that length: {correction_text(CORRECTION)} over the {len(tests)} "
+               f"comparisons of this table (one family: every learned variant × length), at 5%._", ""]
+        if len(tests):
+            md += [_comparison_markdown(tests), ""]
+    eff = {task: f"efflen_{task}" for task in tasks}
+    if "efflen_loss" in cells:
+        eff["loss"] = "efflen_loss"
+    tests = comparison_family(cells, list(eff.values()), LEVEL, CORRECTION)
+    all_tests.append(tests)
+    md += ["### Effective length (× train length)", "", _markdown(_metric_grid(cells, eff, tests)), "",
+           f"_Per seed, in multiples of the train length. Tasks: the longest evaluated length up to which "
+           f"{DEFAULT_RULE.text()} (not learned: no value). Loss: the first position past the train length whose "
+           f"binned loss exceeds its in-distribution level (positions [L/2, L) of the same windows) by more than "
+           f"{LOSS_TOLERANCE:g} nats; a curve that never does is censored at its window length. Cells: mean over "
+           f"seeds ± half the 95% Student-t interval._",
+           f"_* differs from RoPE: {correction_text(CORRECTION)} over the {len(tests)} comparisons of this table (one "
+           "family), paired by seed where both ran the same seeds._", ""]
+    if len(tests):
+        md += [_comparison_markdown(tests), ""]
+    return md, all_tests
 
 
 def _cost_markdown(cells: pd.DataFrame) -> list[str]:
@@ -184,6 +292,8 @@ def report_figures(sweep_dir: str | Path, head_dim: int | None = None) -> list[F
     figs = [f for m in ("val_loss", "val_loss_x2", "val_loss_x4", "passkey_acc") if m in metrics
             for f in metric_vs_theta(cells, m, LEVEL)]
     figs += passkey_fans(cells)
+    figs += accuracy_vs_length(cells, LEVEL)
+    figs += position_loss_figures(cells, LEVEL)
     figs += rank_figures(cells, LEVEL)
     figs += fourier_figures(cells, head_dim or _head_dim(_plan(sweep_dir)), LEVEL)
     return figs
@@ -207,7 +317,7 @@ def build_report(sweep_dir: str | Path, tracking_uri: str | None = None) -> Path
           f"{int(results['dedup_of'].notna().sum())} answered by an equivalent cell (dedup). "
           f"{len(variants)} variants: {', '.join(variants)}. Averaged over: "
           f"{', '.join(seed_axes) or 'nothing (no seed axis)'}; the seed is the unit of every interval and test.", ""]
-    metrics = outcome_metrics(metric_columns(results))
+    metrics = [m for m in outcome_metrics(metric_columns(results)) if not is_task_metric(m)]
     md += ["## Outcome tables", ""]
     all_tests = []
     for metric in metrics:
@@ -217,6 +327,9 @@ def build_report(sweep_dir: str | Path, tracking_uri: str | None = None) -> Path
                *_table_notes(cells, metric, tests), ""]
         if len(tests):
             md += [_comparison_markdown(tests), ""]
+    length_md, length_tests = lengthgen_section(cells)
+    md += length_md
+    all_tests += length_tests
     md += _cost_markdown(cells)
     if mech := mechanism_lines(cells):
         md += ["## Optimiser mechanism: is the Paley − identity gap an optimiser effect? (NOTES §2)", "",
@@ -225,6 +338,7 @@ def build_report(sweep_dir: str | Path, tracking_uri: str | None = None) -> Path
     figures = report_figures(sweep_dir, _head_dim(plan))
     saved = []
     sections = (("_vs_theta", "## Metric vs RoPE base θ"), ("passkey_fan_", "## Passkey retrieval: polar fans"),
+                ("accuracy_vs_length_", "## Task accuracy vs length"), ("position_loss", "## Loss by position"),
                 ("erank", "## Effective attention rank per layer"), ("fourier_", "## Fourier attention magnitudes"),
                 ("rope_band_", None))
     for key, heading in sections:

@@ -13,7 +13,7 @@ from dataclasses import asdict
 from typing import Any
 
 from sweeps.plan import Plan
-from trainer.config import RunConfig
+from trainer.config import RunConfig, validation_windows
 from trainer.model.position import step_cost_key
 from trainer.model.throughput import param_count
 
@@ -31,7 +31,9 @@ def _eval_steps(cfg: RunConfig) -> float:
     e, t = cfg.eval, cfg.train
     scale = e.batch_size / t.batch_size * FORWARD_SHARE
     evals = (t.steps // t.eval_every if t.eval_every else 0) + 1
-    per_eval = e.val_batches + sum(f * e.extrapolation_batches for f in e.extrapolation)
+    per_eval = validation_windows(e, 1) / e.batch_size  # in batches of eval.batch_size windows at 1x
+    if e.extrapolation_batches > 0:  # the final evaluation alone runs every length
+        per_eval += sum(validation_windows(e, f) * f for f in e.extrapolation) / e.batch_size / evals
     passkey = 0.0
     if e.passkey.enabled:  # one prefill of the prompt plus a token-by-token decode, per prompt, at the end
         prompts = e.passkey.depths * e.passkey.samples

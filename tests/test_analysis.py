@@ -132,6 +132,7 @@ def test_report_from_a_sweep_writes_markdown_and_real_pngs(tiny_sweep):
     assert "0/12 = 0.0% [0.0%, 24.2%]" in md  # passkey accuracy as k/n with Wilson's interval
     costs = md.split("## Costs")[1].split("##")[0]
     assert "tokens_per_s" in costs and "tokens_per_s" not in md.split("## Costs")[0]  # costs are tabled apart
+    assert "eval_s" in costs and "## Loss by position" in md and "### Effective length" in md
     # every variant that trained is in every section: tables, fans, rank differences (identity included)
     for variant in ("2D RoPE", "4D identity", "4D Paley"):
         assert f"| {variant} |" in md and f"![passkey {variant}, θ=10000]" in md

@@ -112,7 +112,7 @@ def test_passkey_table_and_mixture(tiny_cfg):
     "overrides,match",
     [
         (["data.corpus=files", "data.paths=[SMALL]", "model.max_seq_len=4096"], r"model.max_seq_len \(training\)"),
-        (["eval.extrapolation_batches=1", "eval.extrapolation=[2,100000]"], "eval.extrapolation needs windows"),
+        (["eval.extrapolation_batches=1", "eval.extrapolation=[2,100000]"], "largest factor that fits"),
         (["data.corpus=files", "data.paths=[/nonexistent/*.txt]"], "matches no file"),
         (["data.tokenizer=bpe", "data.bpe_vocab_size=300"], "model.vocab_size=259 is smaller"),
     ],

@@ -20,6 +20,7 @@ from typing import Any
 
 from hdrope.errors import UserError
 from trainer.data.tokenizer import tokenizer_hash_key
+from trainer.evals.position_loss import POSITION_SPACINGS
 from trainer.model.args import ModelArgs, validate_model_args
 from trainer.run.optim import OPTIMIZERS, OptimConfig
 
@@ -41,12 +42,14 @@ __all__ = [
     "metric_names",
     "name_problem",
     "validate_config",
+    "validation_windows",
 ]
 
 # The metrics every run reports (train side each log_every, validation each eval_every and at the end).
-BASE_METRICS = ("train_loss", "lr", "tokens_per_s", "mfu", "val_loss", "val_bpb")
-# The metrics that measure the machine a run used, not the model it trained (reports table them apart, untested).
-COST_METRICS = ("tokens_per_s", "mfu")
+BASE_METRICS = ("train_loss", "lr", "tokens_per_s", "mfu", "val_loss", "val_bpb", "eval_s")
+# The metrics that measure the machine a run used, not the model it trained (reports table them apart, untested);
+# eval_s is the wall seconds of the final evaluation (every length, loss by position, passkey).
+COST_METRICS = ("tokens_per_s", "mfu", "eval_s")
 
 
 def metric_names(cfg: RunConfig) -> list[str]:
@@ -146,6 +149,22 @@ class EvalConfig:
     extrapolation: list[int] = field(default_factory=lambda: [2, 4, 8])
     extrapolation_batches: int = 2
     passkey: PasskeyEvalConfig = field(default_factory=PasskeyEvalConfig)
+    # Validation windows at every evaluated length (1x and each extrapolation factor). 0 keeps the counts runs were
+    # stored with (val_batches x batch_size at 1x, extrapolation_batches x batch_size // f at f x: 8 and 4 windows
+    # at 2x and 4x on the compact preset, far too few); docs/length-generalisation.md gives the measured choice.
+    windows: int = field(default=0, metadata=NEW_SETTING)
+    position_bins: int = field(default=64, metadata=NEW_SETTING)  # loss-by-position bins per evaluated length
+    position_spacing: str = field(default="linear", metadata=NEW_SETTING)  # a key of POSITION_SPACINGS
+
+
+def validation_windows(e: EvalConfig, factor: int = 1) -> int:
+    """How many validation windows are evaluated at `factor` times the train length (the one rule the evaluation
+    and the sweep estimate share): eval.windows when set, else the stored runs' counts."""
+    if e.windows > 0:
+        return e.windows
+    if factor == 1:
+        return e.val_batches * e.batch_size
+    return e.extrapolation_batches * max(1, e.batch_size // factor)
 
 
 @dataclass
@@ -260,7 +279,10 @@ def config_errors(cfg: RunConfig) -> list[str]:
     if t.device not in ("auto", "cpu", "cuda"):
         errors.append(f"train.device={t.device!r}: choose auto, cpu or cuda")
     _positive(errors, e, "eval", ("val_batches", "batch_size"))
-    _positive(errors, e, "eval", ("extrapolation_batches",), True)
+    _positive(errors, e, "eval", ("extrapolation_batches", "windows"), True)
+    _positive(errors, e, "eval", ("position_bins",))
+    if e.position_spacing not in POSITION_SPACINGS:
+        errors.append(f"eval.position_spacing={e.position_spacing!r}: choose one of {', '.join(POSITION_SPACINGS)}")
     if any(f < 1 for f in e.extrapolation):
         errors.append(f"eval.extrapolation={list(e.extrapolation)!r}: factors must be integers >= 1, e.g. [2, 4, 8]")
     pk = e.passkey

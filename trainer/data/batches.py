@@ -14,7 +14,7 @@ import torch
 from hdrope.errors import UserError
 from trainer.data.passkey_prompt import PasskeyPrompter
 
-__all__ = ["TrainBatches", "check_length", "to_device", "val_windows"]
+__all__ = ["TrainBatches", "check_factors", "check_length", "to_device", "val_windows"]
 
 
 def check_length(tokens: np.ndarray, length: int, what: str) -> None:
@@ -24,6 +24,22 @@ def check_length(tokens: np.ndarray, length: int, what: str) -> None:
             f"{what} needs windows of {length + 1} tokens but the split holds only {len(tokens)}; "
             "lower model.max_seq_len (or eval.extrapolation factors) or use a larger corpus"
         )
+
+
+def check_factors(tokens: np.ndarray, seq_len: int, factors: list[float], what: str) -> None:
+    """UserError naming the field `what`, its value and the largest factor that fits when the split is too short
+    for windows of f times the train length seq_len (plus the next token) for some factor f of `factors`."""
+    too_long = [f for f in factors if round(seq_len * f) + 1 > len(tokens)]
+    if not too_long:
+        return
+    largest = (len(tokens) - 1) // seq_len
+    fitting = [f for f in factors if f not in too_long]
+    use = f"use {what}={fitting}" if fitting else f"use factors of at most {largest}"
+    raise UserError(
+        f"{what}={list(factors)}: {max(too_long):g}x the train length {seq_len} needs validation windows of "
+        f"{round(seq_len * max(too_long)) + 1} tokens but the validation split holds only {len(tokens)}; the largest "
+        f"factor that fits is {largest}: {use}, or give a larger corpus or data.val_fraction"
+    )
 
 
 class TrainBatches:

@@ -38,7 +38,8 @@ from trainer.config import DumpConfig
 from trainer.model.llama import Llama
 from trainer.model.position import IDENTITY_COLUMNS
 
-__all__ = ["DUMP_SCHEMA_VERSION", "DumpIds", "dump_attention", "dump_bytes", "dump_selection", "identity_arrays"]
+__all__ = ["DUMP_SCHEMA_VERSION", "DumpIds", "dump_attention", "dump_bytes", "dump_selection", "identity_arrays",
+           "run_columns"]
 
 DUMP_SCHEMA_VERSION = "2"  # 2: the full encoding identity columns
 
@@ -96,6 +97,12 @@ def identity_arrays(encoding: dict, n: int) -> dict[str, pa.Array]:
         typ = pa.int32() if name == "rotation_dim" else _ARROW_TYPES[kind]
         cols[name] = pa.array([encoding[name]] * n, typ)
     return cols
+
+
+def run_columns(run_name: str, chash: str, encoding: dict, n: int) -> dict[str, pa.Array]:
+    """The n-row columns that say which run a per-run table belongs to: run_name, config_hash, encoding identity."""
+    return {"run_name": pa.array([run_name] * n, pa.string()), "config_hash": pa.array([chash] * n, pa.string()),
+            **identity_arrays(encoding, n)}
 
 
 def _pe_columns(ids: DumpIds, n: int) -> dict[str, pa.Array]:

@@ -1,40 +1,55 @@
-"""Evaluations: validation loss and bits per byte, length extrapolation, passkey retrieval accuracy."""
+"""Evaluations: validation loss and bits per byte, length extrapolation, loss by position, passkey retrieval."""
 
 from __future__ import annotations
 
 import contextlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from trainer.config import EvalConfig
+from trainer.config import EvalConfig, validation_windows
 from trainer.data.batches import val_windows
 from trainer.data.passkey_prompt import PasskeyPrompter, first_integer, stop_after_number
+from trainer.evals.position_loss import PositionLoss
 from trainer.model.generate import greedy_generate
 from trainer.model.llama import Llama
 
-__all__ = ["Autocast", "PasskeyResult", "evaluate_passkey", "evaluate_validation", "window_loss"]
+__all__ = ["Autocast", "PasskeyResult", "Validation", "evaluate_passkey", "evaluate_validation", "position_loss",
+           "window_loss"]
 
 Autocast = Callable[[], contextlib.AbstractContextManager]  # makes a fresh precision context per use
 
 
 @torch.no_grad()
-def window_loss(model: Llama, windows: torch.Tensor, batch_size: int, autocast: Autocast) -> float:
-    """Mean next-token cross-entropy (nats) over windows of (count, seq + 1) tokens."""
+def position_loss(model: Llama, windows: torch.Tensor, batch_size: int, autocast: Autocast) -> PositionLoss:
+    """Next-token cross-entropy (nats) of windows of (count, seq + 1) tokens, summed per position in one pass."""
     device = next(model.parameters()).device
-    total, count = 0.0, 0
+    seq = windows.shape[1] - 1
+    sums = torch.zeros(seq, dtype=torch.float64, device=device)
     for i in range(0, len(windows), batch_size):
         chunk = windows[i : i + batch_size].to(device)
         with autocast():
             logits = model(chunk[:, :-1])
-        loss = F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum")
-        total += float(loss)
-        count += chunk[:, 1:].numel()
-    return total / count
+        loss = F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten(), reduction="none")
+        sums += loss.view(len(chunk), seq).double().sum(0)
+    return PositionLoss(sums.cpu().numpy(), np.full(seq, len(windows), dtype=np.int64))
+
+
+def window_loss(model: Llama, windows: torch.Tensor, batch_size: int, autocast: Autocast) -> float:
+    """Mean next-token cross-entropy (nats) over windows of (count, seq + 1) tokens."""
+    return position_loss(model, windows, batch_size, autocast).mean
+
+
+@dataclass
+class Validation:
+    """The validation metrics and, per length factor, the loss by position they were averaged from."""
+
+    metrics: dict[str, float]
+    by_position: dict[int, PositionLoss] = field(default_factory=dict)
 
 
 def evaluate_validation(
@@ -45,22 +60,24 @@ def evaluate_validation(
     bytes_per_token: float,
     autocast: Autocast,
     extrapolate: bool = True,
-) -> dict[str, float]:
-    """val_loss and val_bpb at the train length; val_loss_x{f} at f times it when extrapolate."""
+) -> Validation:
+    """val_loss and val_bpb at the train length, val_loss_x{f} at f times it when extrapolate; each the
+    token-weighted mean of the loss by position of the same windows (`validation_windows` of them)."""
     was_training = model.training
     model.eval()
     try:
-        n = cfg.val_batches * cfg.batch_size
-        loss = window_loss(model, val_windows(val_tokens, seq_len, n), cfg.batch_size, autocast)
+        by_position = {1: position_loss(model, val_windows(val_tokens, seq_len, validation_windows(cfg, 1)),
+                                        cfg.batch_size, autocast)}
+        loss = by_position[1].mean
         out = {"val_loss": loss, "val_bpb": loss / math.log(2) / bytes_per_token}
         if extrapolate and cfg.extrapolation_batches > 0:
             for f in cfg.extrapolation:
-                bs = max(1, cfg.batch_size // f)
-                windows = val_windows(val_tokens, seq_len * f, cfg.extrapolation_batches * bs)
-                out[f"val_loss_x{f}"] = window_loss(model, windows, bs, autocast)
+                windows = val_windows(val_tokens, seq_len * f, validation_windows(cfg, f))
+                by_position[f] = position_loss(model, windows, max(1, cfg.batch_size // f), autocast)
+                out[f"val_loss_x{f}"] = by_position[f].mean
     finally:
         model.train(was_training)
-    return out
+    return Validation(out, by_position)
 
 
 @dataclass

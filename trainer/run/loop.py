@@ -3,9 +3,9 @@
 Seeded (train.seed, 42 by default) for random, numpy and torch; batches depend only on the step,
 so resuming from a checkpoint reproduces an uninterrupted run's per-step losses exactly (CPU,
 fp32). Writes under train.out_dir (default runs/<name>-<config hash>): run.json, config.yaml,
-tokenizer.json, checkpoints/, metrics.jsonl, passkey.parquet, attention/ and result.json (see
-trainer.files.run_files). A run directory belongs to one configuration and one process at a time (a lock
-refuses a second writer); another configuration is refused, and so is a directory whose checkpoints
+tokenizer.json, checkpoints/, metrics.jsonl, position_loss.parquet, passkey.parquet, attention/ and
+result.json (see trainer.files.run_files). A run directory belongs to one configuration and one process at a
+time (a lock refuses a second writer); another configuration is refused, and so is a directory whose checkpoints
 are all damaged (training from step 0 would replace its metrics). Each metric is reported once, at
 the step it was computed; the final evaluation is reported at the last step.
 
@@ -31,15 +31,16 @@ import torch.nn.functional as F
 
 from hdrope.errors import UserError
 from trainer.config import RunConfig, config_hash, flatten_config, validate_config
-from trainer.data.batches import TrainBatches, check_length, to_device, val_windows
+from trainer.data.batches import TrainBatches, check_factors, check_length, to_device, val_windows
 from trainer.data.corpus import load_corpus
 from trainer.data.passkey_prompt import PasskeyPrompter
 from trainer.data.shard_tokens import load_shards
 from trainer.data.token_cache import TokenData, cached_tokens
 from trainer.data.tokenizer import Tokenizer, load_tokenizer
-from trainer.evals.attention_dump import DumpIds, check_budget, dump_attention
-from trainer.evals.evaluate import Autocast, evaluate_passkey, evaluate_validation
+from trainer.evals.attention_dump import DumpIds, check_budget, dump_attention, run_columns
+from trainer.evals.evaluate import Autocast, Validation, evaluate_passkey, evaluate_validation
 from trainer.evals.passkey.table import write_passkey_table
+from trainer.evals.position_loss import POSITION_LOSS_FILE, write_position_loss
 from trainer.files.dir_lock import hold_dir_lock
 from trainer.files.run_files import (
     METRICS_FILE,
@@ -154,7 +155,7 @@ def _check_lengths(cfg: RunConfig, data: DataBundle) -> None:
     check_length(data.tokens.train, seq, "model.max_seq_len (training)")
     check_length(data.tokens.val, seq, "model.max_seq_len (validation)")
     if cfg.eval.extrapolation_batches > 0 and cfg.eval.extrapolation:
-        check_length(data.tokens.val, seq * max(cfg.eval.extrapolation), "eval.extrapolation")
+        check_factors(data.tokens.val, seq, list(cfg.eval.extrapolation), "eval.extrapolation")
     if cfg.data.passkey_ratio > 0:
         data.prompter.build(seq + 1, 0.5, cfg.data.passkey.max_key)  # raises if the prompt cannot fit
     if cfg.eval.passkey.enabled:
@@ -318,7 +319,7 @@ class _Run:
                                          self.cfg.train.keep_last)
         self.reporter.checkpoint(self.step, self.last_ckpt, dict(self.step_metrics))
 
-    def validation(self, extrapolate: bool) -> dict[str, float]:
+    def validation(self, extrapolate: bool) -> Validation:
         return evaluate_validation(self.model, self.data.tokens.val, self.cfg.model.max_seq_len, self.cfg.eval,
                                    self.data.bytes_per_token, self.autocast, extrapolate)
 
@@ -380,7 +381,7 @@ def _train(run: _Run) -> TrainResult:
         if t.eval_every and step % t.eval_every == 0 and step < t.steps:
             run.sync(with_optimizer=False)
             if run.world.main:
-                metrics.update(run.validation(extrapolate=False))
+                metrics.update(run.validation(extrapolate=False).metrics)
         run.emit(metrics)
         out_of_time = t.max_time_s > 0 and time.perf_counter() - t_start > t.max_time_s
         if t.max_time_s > 0:
@@ -401,14 +402,19 @@ def _train(run: _Run) -> TrainResult:
 def _finish(run: _Run, stop_reason: str, window_steps: int) -> TrainResult:
     """The final evaluation at the last step, its report, the last checkpoint and result.json."""
     cfg, reporter = run.cfg, run.reporter
-    final = run.validation(extrapolate=True)
+    t_eval = time.perf_counter()
+    validation = run.validation(extrapolate=True)
+    final = validation.metrics
     if window_steps:  # the run stopped between log steps (out of time): its train metrics are reported here
         final["train_loss"] = float(np.mean(run.losses[-window_steps:]))
     if run.steps_here and "tokens_per_s" not in run.step_metrics:
         tps = cfg.train.batch_size * cfg.train.grad_accum * cfg.model.max_seq_len * run.steps_here / run.train_seconds
         peak = peak_flops(run.device, run.amp_dtype, cfg.train.peak_tflops) * run.world.size  # all workers' devices
         final.update(tokens_per_s=tps, mfu=tps * flops_per_token(cfg.model, cfg.model.max_seq_len) / peak)
-    artifacts: dict[str, Path] = {}
+    artifacts: dict[str, Path] = {"position_loss": run.run_dir / POSITION_LOSS_FILE}
+    identity = encoding_identity(cfg.model.pe)
+    write_position_loss(validation.by_position, cfg.eval.position_bins, cfg.eval.position_spacing,
+                        artifacts["position_loss"], lambda n: run_columns(cfg.name, run.chash, identity, n))
     pk = cfg.eval.passkey
     if pk.enabled:
         res = evaluate_passkey(run.model, run.data.prompter, cfg.model.max_seq_len, list(pk.length_factors),
@@ -416,6 +422,7 @@ def _finish(run: _Run, stop_reason: str, window_steps: int) -> TrainResult:
         final["passkey_acc"] = res.accuracy
         artifacts["passkey"] = run.run_dir / "passkey.parquet"
         write_passkey_table(res.rows, cfg, run.chash, artifacts["passkey"])
+    final["eval_s"] = time.perf_counter() - t_eval
     if cfg.dump.enabled:
         length = cfg.dump.seq_len or cfg.model.max_seq_len
         probe = val_windows(run.data.tokens.val, length, cfg.dump.samples)[:, :length]

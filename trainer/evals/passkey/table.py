@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from hdrope.errors import UserError
 from trainer.config import RunConfig
-from trainer.evals.attention_dump import identity_arrays
+from trainer.evals.attention_dump import identity_arrays, run_columns
 from trainer.model.position import IDENTITY_COLUMNS, encoding_identity
 
 __all__ = ["PASSKEY_SCHEMA", "read_passkey_table", "upgrade_passkey_table", "write_passkey_table"]
@@ -32,10 +32,7 @@ _FIX = "rerun the cell or the evaluation (or delete the file to report without i
 def write_passkey_table(rows: list[dict[str, Any]], cfg: RunConfig, chash: str, path: Path) -> Path:
     """Write a row per prompt (keys: the row columns of PASSKEY_SCHEMA) with the run's name, hash and identity."""
     table = pa.Table.from_pylist(rows, schema=_ROW)
-    extra = {"run_name": pa.array([cfg.name] * len(table), pa.string()),
-             "config_hash": pa.array([chash] * len(table), pa.string()),
-             **identity_arrays(encoding_identity(cfg.model.pe), len(table))}
-    for name, column in extra.items():
+    for name, column in run_columns(cfg.name, chash, encoding_identity(cfg.model.pe), len(table)).items():
         table = table.append_column(name, column)
     pq.write_table(table.cast(PASSKEY_SCHEMA), path)
     return path

@@ -1,0 +1,197 @@
+"""Length generalisation in the analysis: effective lengths on synthetic inputs (edge cases included), "not learned"
+marks, and the report's tables and figures from a synthetic sweep (results table + per-run loss-by-position files)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from analysis.lengthgen import (
+    AccuracyRule,
+    effective_length,
+    is_task_metric,
+    learned_table,
+    loss_effective_length,
+    task_metrics,
+    with_effective_lengths,
+)
+from trainer.evals.position_loss import PositionLoss, write_position_loss
+
+FACTORS = [1.0, 1.5, 2.0, 4.0, 8.0]
+
+
+@pytest.mark.parametrize("accs,rule,expected", [
+    ([0.95, 0.9, 0.6, 0.2, 0.0], AccuracyRule(), 2.0),  # half of 0.95 is 0.475: kept to 2x
+    ([0.95, 0.9, 0.6, 0.2, 0.0], AccuracyRule("absolute", 0.9), 1.5),
+    ([0.95, 0.95, 0.94, 0.93, 0.92], AccuracyRule(), 8.0),  # always above: censored at the longest length
+    ([0.3, 0.2, 0.1, 0.0, 0.0], AccuracyRule("absolute", 0.5), 0.0),  # never above
+    ([0.0, 0.0, 0.0, 0.0, 0.0], AccuracyRule(), 0.0),  # nothing right: not "kept" relative to 0
+    ([0.95, 0.2, 0.9, 0.9, 0.9], AccuracyRule(), 1.0),  # "stays": the first drop ends it
+    ([0.95, math.nan, 0.9, 0.1, 0.0], AccuracyRule(), 2.0),  # an unevaluated length is skipped
+])
+def test_accuracy_effective_length(accs, rule, expected):
+    assert effective_length(FACTORS, accs, rule) == expected
+
+
+def test_effective_length_of_nothing_is_nan_and_bad_rules_are_refused():
+    assert math.isnan(effective_length(FACTORS, [math.nan] * 5))
+    with pytest.raises(ValueError, match="relative or absolute"):
+        AccuracyRule("ruler", 0.5)
+
+
+def _curve(length: int, rise_at: int | None, level: float = 2.0, bins: int = 32) -> tuple:
+    starts = np.arange(0, length, length // bins)
+    loss = np.where(starts < 8, level + 1.0, level)  # the first positions lack context: higher, never checked
+    if rise_at is not None:
+        loss = np.where(starts >= rise_at, level + 0.5, loss)
+    return starts, loss, np.full(len(starts), 100)
+
+
+@pytest.mark.parametrize("rise_at,expected", [(None, 8.0), (64, 1.0), (320, 5.0)])
+def test_loss_effective_length(rise_at, expected):
+    positions, losses, tokens = _curve(512, rise_at)
+    assert loss_effective_length(positions, losses, tokens, 64, 512, tolerance=0.1) == expected
+
+
+def test_loss_within_tolerance_is_kept():
+    positions, losses, tokens = _curve(512, 128, level=2.0)
+    assert loss_effective_length(positions, losses + np.where(positions >= 128, -0.45, 0), tokens, 64, 512, 0.1) == 8.0
+
+
+def _identity(kind: str, **pe) -> dict:
+    from trainer.model.position import encoding_identity
+    from trainer.presets import load_config
+
+    cfg = load_config("tiny", [f"model.pe.kind={kind}", *(f"model.pe.{k}={v}" for k, v in pe.items())])
+    return encoding_identity(cfg.model.pe)
+
+
+# variant -> (identity, 1x accuracy of copy, where its loss rises beyond the train length 64 in tokens)
+VARIANTS = {"rope": (("rope", {}), 0.97, 128), "nope": (("nope", {}), 0.5, None),
+            "paley": (("hdrope", {"rotation_dim": 4, "basis": "paley"}), 0.95, 256)}
+SEEDS = [1, 2, 3, 4, 5, 6]
+
+
+@pytest.fixture(scope="module")
+def synthetic_sweep(tmp_path_factory):
+    """A sweep directory as `hdrope sweep results` leaves it: results.parquet with task accuracies for three
+    variants × six seeds, and each run's position_loss.parquet (real writer)."""
+    root = tmp_path_factory.mktemp("lengthgen-sweep")
+    rng = np.random.default_rng(0)
+    rows = []
+    for v, ((kind, pe), acc1, rise) in VARIANTS.items():
+        ident = _identity(kind, **pe)
+        for seed in SEEDS:
+            run = root / "cells" / f"{v}-{seed}"
+            run.mkdir(parents=True)
+            row = {"cell_id": f"{v}-{seed}", "status": "FINISHED", "dedup_of": None, "run_dir": str(run),
+                   "seed": seed, "model.pe.kind": kind, **ident, "val_loss": 2.0 + rng.normal(0, 0.01)}
+            for f in FACTORS:
+                tag = f"{f:g}"
+                drop = 1.0 if f <= 1.5 else (0.75 if v == "paley" else 0.3) ** math.log2(f)
+                row[f"acc_copy_x{tag}"] = round(acc1 * drop * 64) / 64
+                row[f"n_copy_x{tag}"] = 64.0
+                row[f"tokacc_copy_x{tag}"] = acc1 * drop
+            rows.append(row)
+            by = {}
+            for f in (1, 4):
+                length = 64 * f
+                sums = np.full(length, 2.0) + rng.normal(0, 0.01, length)
+                if rise is not None:
+                    sums[rise:] += 0.6
+                by[f] = PositionLoss(sums * 5, np.full(length, 5))
+            write_position_loss(by, 16, "linear", run / "position_loss.parquet")
+    table = pa.Table.from_pylist(rows)
+    table = table.replace_schema_metadata({"hdrope.axes": '["model.pe.kind", "seed"]', "hdrope.seed_axes": '["seed"]'})
+    pq.write_table(table, root / "results.parquet")
+    return root
+
+
+def _cells(root) -> pd.DataFrame:
+    from analysis.load import sweep_cells
+
+    return sweep_cells(root)
+
+
+def test_task_metrics_and_not_learned(synthetic_sweep):
+    cells = _cells(synthetic_sweep)
+    assert list(task_metrics(list(cells.columns))["copy"]) == FACTORS
+    assert is_task_metric("acc_copy_x1.5") and is_task_metric("n_copy_x2") and is_task_metric("tokacc_copy_x8")
+    assert not is_task_metric("val_loss_x2")
+    learned = learned_table(cells).set_index("variant")
+    assert learned["n"].eq(6 * 64).all()
+    assert not learned.filter(like="NoPE", axis=0)["learned"].any()
+    assert learned.drop(learned.filter(like="NoPE", axis=0).index)["learned"].all()
+
+
+def test_effective_lengths_per_seed(synthetic_sweep):
+    cells = with_effective_lengths(_cells(synthetic_sweep))
+    by = cells.groupby("model.pe.kind")
+    assert by["efflen_copy"].apply(lambda s: s.isna().all())["nope"]  # not learned: no effective length
+    assert (by.get_group("rope")["efflen_copy"] == 1.5).all()  # 0.97·0.3 < half of 0.97 at 2x
+    assert (by.get_group("hdrope")["efflen_copy"] == 4.0).all()
+    assert (by.get_group("rope")["efflen_loss"] == 2.0).all()  # rises at 128 = 2x the train length
+    assert (by.get_group("hdrope")["efflen_loss"] == 4.0).all()
+    assert (by.get_group("nope")["efflen_loss"] == 4.0).all()  # never rises: censored at the 4x window
+
+
+def test_report_draws_length_tables_and_figures(synthetic_sweep):
+    from analysis.report import build_report, report_figures
+
+    stems = {f.stem for f in report_figures(synthetic_sweep)}
+    assert {"accuracy_vs_length_copy_theta10000", "position_loss_theta10000", "position_loss_diff_theta10000"} <= stems
+    report = build_report(synthetic_sweep).read_text()
+    assert "## Length generalisation" in report and "### copy: exact match by evaluated length" in report
+    assert "### acc_copy_x2" not in report  # no generic outcome table per task metric
+    section = report.split("### copy: exact match")[1].split("### Effective length")[0]
+    nope = next(line for line in section.splitlines() if line.startswith("| NoPE"))
+    assert nope.count("not learned") == 5 and "192/384 = 50.0%" in nope  # k/n pooled over 6 seeds × 64 prompts
+    assert "Holm (family-wise error) over the 5 comparisons of this table" in section  # Paley × 5 lengths
+    assert "| acc_copy_x2 | θ=10000 | 4D Paley − RoPE | 0.4219" in section
+    effective = report.split("### Effective length")[1].split("## ")[0]
+    rows = {line.split(" |")[0].strip("| "): line for line in effective.splitlines() if line.startswith("| ")}
+    assert rows["RoPE, θ=10000"].startswith("| RoPE, θ=10000 | 1.5000 ± 0.0000 (n=6) | 2.0000 ± 0.0000 (n=6)")
+    assert "| NoPE, no θ | — | 4.0000" in rows["NoPE, no θ"]  # not learned: no task value; loss still measured
+    assert "over the 3 comparisons of this table" in effective  # Paley × (copy, loss) + NoPE × loss
+    verdicts = report.split("## Verdicts")[1]
+    assert "efflen_loss, θ=10000: NoPE − RoPE = 2.0000" in verdicts and "acc_copy_x8" in verdicts
+    assert "acc_copy_x2, θ=10000: NoPE" not in verdicts  # not learned: no verdict
+    assert (synthetic_sweep / "report" / "position_loss_diff_theta10000.png").is_file()
+
+
+def test_notebook_c_draws_the_length_figures_and_tables(synthetic_sweep):
+    import nbformat
+    from nbclient import NotebookClient
+
+    from analysis import NOTEBOOKS_DIR
+
+    nb = nbformat.read(NOTEBOOKS_DIR / "c_results_and_tables.ipynb", as_version=4)
+    params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    params.source = f"sweep_dir = {str(synthetic_sweep)!r}"
+    here = {"metadata": {"path": str(NOTEBOOKS_DIR)}}
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources=here).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    shown = "".join(o.get("text", "") + str(o.get("data", {}).get("text/markdown", "")) for o in outputs)
+    assert "### Effective length" in shown and "not learned" in shown
+    assert "Wilson interval of k/n" in shown and "lines: mean per-seed difference" in shown  # both new figures
+    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 3
+
+
+def test_a_family_of_several_metrics_is_corrected_together(synthetic_sweep):
+    from analysis.comparisons import comparison_family, comparison_table
+    from analysis.stats import adjust
+
+    cells = _cells(synthetic_sweep)
+    metrics = ["acc_copy_x2", "acc_copy_x4", "val_loss"]
+    family = comparison_family(cells, metrics)
+    alone = [comparison_table(cells, m) for m in metrics]
+    raw = [p for t in alone for p in t["p"]]
+    assert family["p"].tolist() == raw and family["family"].eq(len(raw)).all()
+    assert family["p_adj"].tolist() == pytest.approx(adjust(raw, "holm"))
+    assert (family["p_adj"] >= pd.concat(alone)["p_adj"].to_numpy()).all()  # a larger family never corrects less

@@ -1,0 +1,96 @@
+"""Loss by position: the next-token loss of the validation windows summed per position, binned, and its table.
+
+Position p is the index of the input token whose successor is predicted (p + 1 tokens of context), so a window of
+L + 1 tokens gives positions 0 … L − 1. Bins are spaced by a rule of POSITION_SPACINGS (the validator reads it);
+each row of position_loss.parquet is one bin at one length factor: `length_factor`, `length` (the windows'
+positions, f times the train length), `position` (the bin's first position), `loss` (mean nats over the bin's
+tokens), `tokens` (how many), plus the run's name, config hash and encoding identity. The token-weighted mean of a
+factor's rows is that factor's validation loss, from the same windows (`val_loss` at 1x, `val_loss_x<f>` beyond).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from hdrope.errors import UserError
+
+__all__ = ["POSITION_LOSS_FILE", "POSITION_LOSS_SCHEMA", "POSITION_SPACINGS", "PositionLoss", "bin_starts",
+           "read_position_loss", "write_position_loss"]
+
+POSITION_LOSS_FILE = "position_loss.parquet"
+
+
+def _linear(length: int, bins: int) -> np.ndarray:
+    return np.linspace(0, length, bins + 1)[:-1]
+
+
+def _log(length: int, bins: int) -> np.ndarray:
+    return np.concatenate([[0.0], np.geomspace(1, length, bins)[:-1]])  # the first bin is position 0 alone
+
+
+# spacing name -> (length, bins) -> candidate first positions (rounded down and deduplicated by bin_starts)
+POSITION_SPACINGS: dict[str, Callable[[int, int], np.ndarray]] = {"linear": _linear, "log": _log}
+
+
+def bin_starts(length: int, bins: int, spacing: str = "linear") -> np.ndarray:
+    """The first position of each bin over positions 0 … length − 1: at most `bins` bins (fewer when length is
+    shorter or log spacing rounds two edges together), starting at 0, strictly increasing."""
+    if spacing not in POSITION_SPACINGS:
+        raise UserError(f"eval.position_spacing={spacing!r}: choose one of {', '.join(POSITION_SPACINGS)}")
+    starts = np.unique(np.floor(POSITION_SPACINGS[spacing](length, min(bins, length))).astype(np.int64))
+    return starts[starts < length]
+
+
+@dataclass
+class PositionLoss:
+    """Summed next-token loss (nats, float64) and token count per position of the windows of one length."""
+
+    sums: np.ndarray
+    tokens: np.ndarray
+
+    @property
+    def mean(self) -> float:
+        """The token-weighted mean loss over every position (the validation loss of these windows)."""
+        return float(self.sums.sum() / self.tokens.sum())
+
+    def binned(self, bins: int, spacing: str = "linear") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(first position, mean loss, tokens) per bin."""
+        starts = bin_starts(len(self.sums), bins, spacing)
+        sums, tokens = np.add.reduceat(self.sums, starts), np.add.reduceat(self.tokens, starts)
+        return starts, sums / tokens, tokens
+
+
+POSITION_LOSS_SCHEMA = pa.schema([("length_factor", pa.float64()), ("length", pa.int64()), ("position", pa.int64()),
+                                  ("loss", pa.float64()), ("tokens", pa.int64())])
+_FIX = "rerun the cell's evaluation (or delete the file to report without it)"
+
+
+def write_position_loss(by_factor: dict[float, PositionLoss], bins: int, spacing: str, path: Path,
+                        columns: Callable[[int], dict[str, pa.Array]] | None = None) -> Path:
+    """Write the binned losses of every length factor; `columns(rows)` gives the run's identity columns."""
+    rows = [{"length_factor": float(f), "length": len(pl.sums), "position": int(p), "loss": float(v), "tokens": int(n)}
+            for f, pl in sorted(by_factor.items()) for p, v, n in zip(*pl.binned(bins, spacing), strict=True)]
+    table = pa.Table.from_pylist(rows, schema=POSITION_LOSS_SCHEMA)
+    for name, column in (columns(len(table)) if columns else {}).items():
+        table = table.append_column(name, column)
+    pq.write_table(table, path)
+    return path
+
+
+def read_position_loss(path: Path) -> pa.Table:
+    """A run's position_loss.parquet; UserError naming the file when it is damaged or not a loss-by-position table."""
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowInvalid) as err:
+        raise UserError(f"{path}: unreadable loss-by-position table ({type(err).__name__}: truncated or not "
+                        f"Parquet); {_FIX}") from None
+    missing = [c for c in POSITION_LOSS_SCHEMA.names if c not in table.column_names]
+    if missing:
+        raise UserError(f"{path}: not a loss-by-position table (missing columns {missing}); {_FIX}")
+    return table
