@@ -161,3 +161,11 @@ def test_factor_tags_and_config_defaults_keep_hashes():
     from trainer.config import RunConfig
 
     assert config_errors(RunConfig()) == []
+
+
+def test_the_tasks_bench_measures_both_steps_and_the_evaluation(cache_dir):
+    from trainer.evals.tasks_bench import run_tasks_bench
+
+    r = run_tasks_bench("tiny", 0.5, 2, [f"data.cache_dir={cache_dir}", "eval.tasks.samples=2"])
+    assert r["tasks"] == ["mqar", "copy"] and r["longest_factor"] == 8
+    assert r["lm_step_ms"] > 0 and r["task_step_ms"] > 0 and 0 < r["eval_longest_share"] < r["eval_all_share"] < 1
