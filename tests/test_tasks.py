@@ -133,6 +133,8 @@ def test_a_task_too_big_for_the_train_length_is_refused_before_the_run_writes(ti
     with pytest.raises(UserError, match=r"smallest mqar example \(k=26, q=20, value_digits=1\) takes 96 tokens "
                        r"but the train length .* holds 65; .*data\.task_params\.q=4"):
         train(cfg)
+    with pytest.raises(UserError, match=r"eval\.tasks\.length_factors=\[1\.0, 100000\.0\]: .* the validation split"):
+        train(tiny_cfg("data.tasks=[copy]", "eval.tasks.length_factors=[1, 100000]"))
     assert not (tmp_path / "run").exists()
 
 
