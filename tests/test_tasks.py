@@ -44,7 +44,7 @@ def solve(task: str, inst) -> list[str]:
     if task == "niah_multivalue":
         return [s for key, val in needles if key == q[1] for s in val]
     table = dict(needles)
-    return [s for key in q[1:-1] for s in table[key]]
+    return [s for key in (q[1:-1] if q[-1] == "?" else q[1:]) for s in table[key]]
 
 
 @pytest.mark.parametrize("task", sorted(TASKS))
@@ -90,7 +90,9 @@ def test_the_mixture_is_reproducible_and_takes_its_share():
     marked = [row for row in a.numpy().tolist() if ord("{") in row or ord("<") in row]
     assert 16 <= len(marked) <= 48  # about half the rows carry a task example (no marker in the filler text)
     only = TrainBatches(FILLER, 64, 8, 1, [(1.0, mix)]).get(0).numpy().tolist()
-    assert all(ord("{") in row or ord("<") in row for row in only)
+    assert all(row[0] in (ord("{"), ord("<")) or ord("{") in row or ord("<") in row for row in only)
+    packed = [row.count(ord("{")) + row.count(ord("<")) // 2 for row in only]  # copy's insert and question hold <
+    assert max(packed) >= 2  # examples are packed back to back while the next one fits
 
 
 def test_a_task_that_does_not_fit_names_the_largest_size_that_does():

@@ -87,20 +87,26 @@ class TaskBuilder:
 
 
 class TaskMixture:
-    """The training source of task windows: a row begins with an example of a task drawn uniformly from `tasks`,
-    of a length drawn uniformly between the task's smallest example and the whole row; the corpus text of the
-    window goes on after it."""
+    """The training source of task windows: a row is filled with examples back to back, each of a task drawn
+    uniformly from `tasks` and of a length drawn uniformly between that task's smallest example and the room left;
+    the corpus text of the window stays where no example fits."""
 
     def __init__(self, builder: TaskBuilder, tasks: list[str]) -> None:
         self.builder, self.tasks = builder, list(tasks)
         self.smallest = [builder.smallest(t) for t in self.tasks]
 
     def fill(self, row: np.ndarray, rng: np.random.Generator) -> None:
-        """Overwrite the start of `row` (a window of seq_len + 1 tokens) with a task example, in place."""
-        i = int(rng.integers(len(self.tasks)))
-        length = int(rng.integers(min(self.smallest[i], len(row)), len(row) + 1))
-        ex = self.builder.build(self.tasks[i], length, rng)
-        row[:length] = ex.prompt + ex.answer
+        """Overwrite `row` (a window of seq_len + 1 tokens) from its start with task examples, in place."""
+        start = 0
+        while True:
+            i = int(rng.integers(len(self.tasks)))
+            room = len(row) - start
+            if start and self.smallest[i] > room:
+                return
+            length = int(rng.integers(min(self.smallest[i], room), room + 1))
+            ex = self.builder.build(self.tasks[i], length, rng)
+            row[start : start + length] = ex.prompt + ex.answer
+            start += length
 
 
 def check_fit(builder: TaskBuilder, task: str, length: int, where: str) -> None:

@@ -1,6 +1,7 @@
 """Needle-in-a-haystack variants (after RULER) and variable tracking, hidden in the corpus's own text.
 
-A needle is `# key value .` (a letter, `value_digits` digits); the question is `# key ?`, answered by the value.
+A needle is `# key value .` (a letter, `value_digits` digits); the question repeats its start, `# key`, and the
+value follows (plain induction).
 - niah_single: one needle.
 - niah_multikey: k needles of distinct keys (k - 1 distractors); one is asked.
 - niah_multivalue: k needles of one key, each with its own value; question `# key *`, answered by all k values in
@@ -30,14 +31,14 @@ def _needle(key: str, val: list[str]) -> list[str]:
 
 def _single(p: TaskParams, rng: np.random.Generator) -> Instance:
     key, val = distinct_letters(rng, 1, p.keys)[0], value(rng, p.value_digits)
-    return Instance([_needle(key, val)], ["#", key, "?"], val, {"k": 1})
+    return Instance([_needle(key, val)], ["#", key], val, {"k": 1})
 
 
 def _multikey(p: TaskParams, rng: np.random.Generator) -> Instance:
     keys = distinct_letters(rng, p.k, p.keys)
     values = [value(rng, p.value_digits) for _ in keys]
     asked = int(rng.integers(p.k))
-    return Instance([_needle(k, v) for k, v in zip(keys, values, strict=True)], ["#", keys[asked], "?"],
+    return Instance([_needle(k, v) for k, v in zip(keys, values, strict=True)], ["#", keys[asked]],
                     values[asked], {"k": p.k, "asked": asked})
 
 
