@@ -109,8 +109,8 @@ class TaskParams:
 
     keys: int = 26  # alphabet of keys, variables and copied letters: the first `keys` lowercase letters
     value_digits: int = 1  # digits of a value (mqar, needles, vartrack)
-    span: int = 6  # copy, reverse: letters in the string
-    digits: int = 3  # addition: digits of each operand
+    span: int = 4  # copy, reverse: letters in the string
+    digits: int = 2  # addition: digits of each operand
     k: int = 4  # mqar: key-value pairs; niah_multikey / niah_multiquery: needles; niah_multivalue: values of the key
     q: int = 2  # mqar, niah_multiquery: keys asked
     hops: int = 2  # vartrack: assignments in the chain (and in its distractor chain)
