@@ -163,8 +163,11 @@ def test_a_tiny_task_run_reports_the_means_of_its_tasks_table(tiny_cfg):
 def test_factor_tags_and_config_defaults_keep_hashes():
     assert [factor_tag(f) for f in (1.0, 1.5, 2.0, 8.0, 0.5)] == ["1", "1.5", "2", "8", "0.5"]
     from trainer.config import RunConfig
+    from trainer.presets import load_config
 
     assert config_errors(RunConfig()) == []
+    shipped = load_config("tasks_compact")  # the pilot's learned design: only what reached 90% at 1x
+    assert shipped.data.tasks == ["copy"] and shipped.data.task_ratio == 1.0
 
 
 def test_the_tasks_bench_measures_both_steps_and_the_evaluation(cache_dir):
