@@ -29,12 +29,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("analysis.cli:report_main", "the paper's tables and figures from a sweep (Markdown + PNG, to MLflow)"),
     "seeds": ("analysis.cli:seeds_main", "seeds a planned sweep needs to detect a difference, from a pilot's spread"),
     "theory": ("analysis.cli:theory_main", "decay bound, B(Δ), wavelengths and K mixing per rotation dim and θ"),
-    "bench": ("sweeps.console:bench_main", "benchmarks: rotary, encodings, train, sweep, analysis"),
+    "bench": ("sweeps.console:bench_main", "benchmarks: rotary, encodings, train, tasks, sweep, analysis"),
 }
 BENCHES: dict[str, tuple[str, str]] = {
     "rotary": ("hdrope.bench:main", "HD-RoPE kernels vs RoPE and the elementwise floor"),
     "encodings": ("trainer.model.bench:main", "the q/k transform of every position-encoding kind vs RoPE"),
     "train": ("trainer.run.bench:main", "training step time of RoPE vs HD-RoPE, tokens/s vs HF Llama, MFU"),
+    "tasks": ("trainer.evals.tasks_bench:main", "training step with task_ratio 0.5 vs a language-model step; "
+              "task-evaluation cost"),
     "sweep": ("sweeps.bench:main", "an 8-cell tiny grid under Ray Tune vs back to back in one process"),
     "analysis": ("analysis.bench:main", "effective-rank throughput (maps/s) at L = 256 and 1024 over a stored dump"),
 }

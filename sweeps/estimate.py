@@ -40,7 +40,10 @@ def _eval_steps(cfg: RunConfig) -> float:
         decode = e.passkey.max_new_tokens / cfg.model.max_seq_len
         passkey = sum(prompts * (f + decode) for f in e.passkey.length_factors)
         passkey *= FORWARD_SHARE / t.batch_size
-    return evals * per_eval * scale + passkey
+    tasks = 0.0
+    if cfg.data.tasks and e.tasks.enabled:  # one batched prefill per prompt (the short answers' decode is small)
+        tasks = len(cfg.data.tasks) * e.tasks.samples * sum(e.tasks.length_factors) * FORWARD_SHARE / t.batch_size
+    return evals * per_eval * scale + passkey + tasks
 
 
 def _shape_key(cfg: RunConfig) -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hdrope.errors import UserError
+from trainer.data.tasks.registry import TASKS
 from trainer.data.tokenizer import tokenizer_hash_key
 from trainer.evals.position_loss import POSITION_SPACINGS
 from trainer.model.args import ModelArgs, validate_model_args
@@ -35,9 +36,12 @@ __all__ = [
     "PasskeyEvalConfig",
     "PasskeyFormat",
     "RunConfig",
+    "TaskEvalConfig",
+    "TaskParams",
     "TrainConfig",
     "config_errors",
     "config_hash",
+    "factor_tag",
     "flatten_config",
     "metric_names",
     "name_problem",
@@ -52,13 +56,30 @@ BASE_METRICS = ("train_loss", "lr", "tokens_per_s", "mfu", "val_loss", "val_bpb"
 COST_METRICS = ("tokens_per_s", "mfu", "eval_s")
 
 
+# The per-(task, length factor) metrics of the task evaluation: exact-match accuracy, example count, per-token accuracy.
+TASK_METRICS = ("acc", "n", "tokacc")
+
+
+def factor_tag(f: float) -> str:
+    """A length factor as metric names and tables write it after the x: 1 -> '1', 1.5 -> '1.5', 8.0 -> '8'."""
+    return f"{f:g}"
+
+
+def task_metric(kind: str, task: str, factor: float) -> str:
+    """The name of a task metric, e.g. task_metric('acc', 'mqar', 2.0) == 'acc_mqar_x2'."""
+    return f"{kind}_{task}_x{factor_tag(factor)}"
+
+
 def metric_names(cfg: RunConfig) -> list[str]:
-    """Every metric a run of cfg reports, in a stable order (extrapolation and passkey as configured)."""
+    """Every metric a run of cfg reports, in a stable order (extrapolation, passkey and tasks as configured)."""
     names = list(BASE_METRICS)
     if cfg.eval.extrapolation_batches > 0:
         names += [f"val_loss_x{f}" for f in cfg.eval.extrapolation]
     if cfg.eval.passkey.enabled:
         names.append("passkey_acc")
+    if cfg.data.tasks and cfg.eval.tasks.enabled:
+        names += [task_metric(kind, task, f) for task in cfg.data.tasks for f in cfg.eval.tasks.length_factors
+                  for kind in TASK_METRICS]
     return names
 
 
@@ -89,6 +110,19 @@ class PasskeyFormat:
 
 
 @dataclass
+class TaskParams:
+    """Sizes of the synthetic tasks (`trainer.data.tasks`); each task reads the fields its registry entry names."""
+
+    keys: int = 26  # alphabet of keys, variables and copied letters: the first `keys` lowercase letters
+    value_digits: int = 1  # digits of a value (mqar, needles, vartrack)
+    span: int = 4  # copy, reverse: letters in the string
+    digits: int = 2  # addition: digits of each operand
+    k: int = 4  # mqar: key-value pairs; niah_multikey / niah_multiquery: needles; niah_multivalue: values of the key
+    q: int = 2  # mqar, niah_multiquery: keys asked
+    hops: int = 2  # vartrack: assignments in the chain (and in its distractor chain)
+
+
+@dataclass
 class DataConfig:
     """Corpus, tokenizer, split and the optional passkey mixture. The train length is model.max_seq_len."""
 
@@ -105,6 +139,9 @@ class DataConfig:
     cache_dir: str = ""  # "" -> $HDROPE_CACHE or ~/.cache/hdrope
     passkey_ratio: float = 0.0  # fraction of training sequences that are passkey prompts
     passkey: PasskeyFormat = field(default_factory=PasskeyFormat)
+    tasks: list[str] = field(default_factory=list, metadata=NEW_SETTING)  # names in trainer.data.tasks TASKS
+    task_ratio: float = field(default=0.0, metadata=NEW_SETTING)  # fraction of training windows that are tasks
+    task_params: TaskParams = field(default_factory=TaskParams, metadata=NEW_SETTING)
 
 
 @dataclass
@@ -141,6 +178,16 @@ class PasskeyEvalConfig:
 
 
 @dataclass
+class TaskEvalConfig:
+    """Greedy exact-match accuracy on each of data.tasks at lengths round(train length x factor)."""
+
+    enabled: bool = True  # runs when data.tasks is non-empty
+    length_factors: list[float] = field(default_factory=lambda: [1.0, 1.5, 2.0, 4.0, 8.0])
+    samples: int = 32  # examples per task and factor
+    batch_size: int = 16  # prompts decoded together
+
+
+@dataclass
 class EvalConfig:
     """Validation at the train length and at extrapolated lengths, plus passkey retrieval."""
 
@@ -149,6 +196,7 @@ class EvalConfig:
     extrapolation: list[int] = field(default_factory=lambda: [2, 4, 8])
     extrapolation_batches: int = 2
     passkey: PasskeyEvalConfig = field(default_factory=PasskeyEvalConfig)
+    tasks: TaskEvalConfig = field(default_factory=TaskEvalConfig, metadata=NEW_SETTING)
     # Validation windows at every evaluated length (1x and each extrapolation factor). 0 keeps the counts runs were
     # stored with (val_batches x batch_size at 1x, extrapolation_batches x batch_size // f at f x: 8 and 4 windows
     # at 2x and 4x on the compact preset, far too few); docs/length-generalisation.md gives the measured choice.
@@ -225,6 +273,52 @@ def _finite(cfg: RunConfig) -> list[str]:
     return out
 
 
+def _task_size_errors(p: TaskParams) -> list[str]:
+    """Problems of task sizes that are each positive but do not fit together (letters to draw, q of k)."""
+    errors = []
+    if p.keys > 26:
+        errors.append(f"data.task_params.keys={p.keys}: at most 26 (keys are lowercase letters)")
+    for name, need in (("span", p.span), ("k", p.k), ("hops", 2 * p.hops)):
+        if need > min(p.keys, 26):
+            errors.append(f"data.task_params.{name}={getattr(p, name)}: needs {need} distinct letters but "
+                          f"data.task_params.keys={p.keys}; lower it or raise keys (at most 26)")
+    if p.q > p.k:
+        errors.append(f"data.task_params.q={p.q} > k={p.k}: a query asks one of the k keys; use q <= k")
+    if p.digits > 18:
+        errors.append(f"data.task_params.digits={p.digits}: at most 18")
+    return errors
+
+
+def _task_errors(cfg: RunConfig) -> list[str]:
+    """Problems of data.tasks, data.task_ratio, data.task_params and eval.tasks."""
+    d, te, p = cfg.data, cfg.eval.tasks, cfg.data.task_params
+    errors = []
+    unknown = [t for t in d.tasks if t not in TASKS]
+    if unknown:
+        errors.append(f"data.tasks={list(d.tasks)!r}: unknown task {unknown[0]!r}; choose from {', '.join(TASKS)}")
+    if len(set(d.tasks)) != len(d.tasks):
+        errors.append(f"data.tasks={list(d.tasks)!r}: a task is listed twice; list each once")
+    if not 0.0 <= d.task_ratio <= 1.0:
+        errors.append(f"data.task_ratio={d.task_ratio!r}: must be in [0, 1] (the share of training windows that are "
+                      "task examples; 1 = tasks only)")
+    elif d.task_ratio > 0 and not d.tasks:
+        errors.append(f"data.task_ratio={d.task_ratio!r} with data.tasks empty: list the tasks to train, e.g. "
+                      "data.tasks=[mqar, copy], or set data.task_ratio=0")
+    elif 0.0 <= d.passkey_ratio <= 1.0 and d.passkey_ratio + d.task_ratio > 1.0:
+        errors.append(f"data.task_ratio={d.task_ratio!r} + data.passkey_ratio={d.passkey_ratio!r} > 1: the two "
+                      "mixtures share the training windows; make them sum to at most 1")
+    size_errors = len(errors)
+    _positive(errors, p, "data.task_params", ("keys", "value_digits", "span", "digits", "k", "q", "hops"))
+    if len(errors) == size_errors:  # the sizes are positive numbers: check how they fit together
+        errors += _task_size_errors(p)
+    if d.tasks and te.enabled:
+        if not te.length_factors or any(f <= 0 for f in te.length_factors):
+            errors.append(f"eval.tasks.length_factors={list(te.length_factors)!r}: need positive factors, "
+                          "e.g. [1, 1.5, 2, 4, 8]")
+        _positive(errors, te, "eval.tasks", ("samples", "batch_size"))
+    return errors
+
+
 def config_errors(cfg: RunConfig) -> list[str]:
     """Every problem with a config, each naming the key, the value and the fix; empty when valid."""
     errors: list[str] = _finite(cfg)
@@ -252,6 +346,7 @@ def config_errors(cfg: RunConfig) -> list[str]:
         errors.append(f"data.val_fraction={d.val_fraction!r}: must be in (0, 1), e.g. 0.1")
     if not 0.0 <= d.passkey_ratio <= 1.0:
         errors.append(f"data.passkey_ratio={d.passkey_ratio!r}: must be in [0, 1]")
+    errors += _task_errors(cfg)
     if d.tokenizer == "bpe" and not 260 <= d.bpe_vocab_size <= 65535:
         errors.append(f"data.bpe_vocab_size={d.bpe_vocab_size!r}: must be in [260, 65535]")
     if not 0 <= d.passkey.min_key <= d.passkey.max_key:

@@ -1,5 +1,8 @@
 """Deterministic batches: the windows of step s depend only on (seed, s, micro-batch), never on history.
 
+A batch may mix in synthetic windows: each `MixtureSource` (passkey prompts, task examples) takes its share of
+the rows, drawn per row from the step's generator, and overwrites part of a corpus window in place.
+
 So the data position of a run is its step count, and a resumed run sees exactly the batches an
 uninterrupted one would. A batch is the step's global batch; with W data-parallel workers (the rank axis)
 worker r takes its contiguous 1/W of the rows, so W workers together see exactly the rows one process
@@ -8,13 +11,21 @@ would. Validation windows are fixed, evenly spaced and shared by every run.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 import torch
 
 from hdrope.errors import UserError
-from trainer.data.passkey_prompt import PasskeyPrompter
 
-__all__ = ["TrainBatches", "check_factors", "check_length", "to_device", "val_windows"]
+__all__ = ["MixtureSource", "TrainBatches", "check_factors", "check_length", "to_device", "val_windows"]
+
+
+class MixtureSource(Protocol):
+    """A source of synthetic training windows (passkey prompts, task examples)."""
+
+    def fill(self, row: np.ndarray, rng: np.random.Generator) -> None:
+        """Overwrite part of `row`, a corpus window of seq_len + 1 tokens, in place, drawing only from rng."""
 
 
 def check_length(tokens: np.ndarray, length: int, what: str) -> None:
@@ -43,8 +54,11 @@ def check_factors(tokens: np.ndarray, seq_len: int, factors: list[float], what: 
 
 
 class TrainBatches:
-    """(batch / world_size, seq_len + 1) int64 windows from the train stream, with an optional passkey mixture:
-    rank `rank`'s rows of the global batch of `batch_size` rows."""
+    """(batch / world_size, seq_len + 1) int64 windows from the train stream, with optional mixture sources:
+    rank `rank`'s rows of the global batch of `batch_size` rows.
+
+    `mixture` lists (share, source): one uniform draw per row picks the source whose cumulative share covers it
+    (the rest stay corpus text), and the chosen rows are filled in row order from the step's generator."""
 
     def __init__(
         self,
@@ -52,8 +66,7 @@ class TrainBatches:
         seq_len: int,
         batch_size: int,
         seed: int,
-        passkey: PasskeyPrompter | None = None,
-        passkey_ratio: float = 0.0,
+        mixture: list[tuple[float, MixtureSource]] | None = None,
         rank: int = 0,
         world_size: int = 1,
     ) -> None:
@@ -62,7 +75,8 @@ class TrainBatches:
             raise UserError(f"train.batch_size={batch_size} does not split evenly over {world_size} workers; "
                             f"use a multiple of {world_size} or another number of workers")
         self.tokens, self.seq_len, self.batch_size, self.seed = tokens, seq_len, batch_size, seed
-        self.passkey, self.passkey_ratio = passkey, passkey_ratio
+        self.mixture = [(share, source) for share, source in mixture or [] if share > 0]
+        self.edges = np.cumsum([share for share, _ in self.mixture])
         per_rank = batch_size // world_size
         self.rows = slice(rank * per_rank, (rank + 1) * per_rank)
 
@@ -72,10 +86,10 @@ class TrainBatches:
         n = self.seq_len + 1
         starts = rng.integers(0, len(self.tokens) - n + 1, size=self.batch_size)
         out = np.stack([np.asarray(self.tokens[s : s + n], dtype=np.int64) for s in starts])
-        if self.passkey is not None and self.passkey_ratio > 0:
-            for i in np.flatnonzero(rng.random(self.batch_size) < self.passkey_ratio):
-                ids = self.passkey.sample_training(n, rng)
-                out[i, n - len(ids) :] = ids  # real text before, the passkey prompt at the end
+        if self.mixture:
+            which = np.searchsorted(self.edges, rng.random(self.batch_size), side="right")
+            for i in np.flatnonzero(which < len(self.mixture)):
+                self.mixture[which[i]][1].fill(out[i], rng)
         return torch.from_numpy(out[self.rows])
 
 

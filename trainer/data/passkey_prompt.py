@@ -130,3 +130,8 @@ class PasskeyPrompter:
         passkey = int(rng.integers(self.fmt.min_key, self.fmt.max_key + 1))
         p = self.build(length - len(self.end), float(rng.random()), passkey)
         return p.prompt + p.answer + self.end
+
+    def fill(self, row: np.ndarray, rng: np.random.Generator) -> None:
+        """A training prompt (`sample_training`) at the end of `row`, the corpus text before it (a MixtureSource)."""
+        ids = self.sample_training(len(row), rng)
+        row[len(row) - len(ids) :] = ids

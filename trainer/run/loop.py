@@ -3,8 +3,8 @@
 Seeded (train.seed, 42 by default) for random, numpy and torch; batches depend only on the step,
 so resuming from a checkpoint reproduces an uninterrupted run's per-step losses exactly (CPU,
 fp32). Writes under train.out_dir (default runs/<name>-<config hash>): run.json, config.yaml,
-tokenizer.json, checkpoints/, metrics.jsonl, position_loss.parquet, passkey.parquet, attention/ and
-result.json (see trainer.files.run_files). A run directory belongs to one configuration and one process at a
+tokenizer.json, checkpoints/, metrics.jsonl, position_loss.parquet, passkey.parquet, tasks.parquet, attention/
+and result.json (see trainer.files.run_files). A run directory belongs to one configuration and one process at a
 time (a lock refuses a second writer); another configuration is refused, and so is a directory whose checkpoints
 are all damaged (training from step 0 would replace its metrics). Each metric is reported once, at
 the step it was computed; the final evaluation is reported at the last step.
@@ -35,12 +35,15 @@ from trainer.data.batches import TrainBatches, check_factors, check_length, to_d
 from trainer.data.corpus import load_corpus
 from trainer.data.passkey_prompt import PasskeyPrompter
 from trainer.data.shard_tokens import load_shards
+from trainer.data.tasks.build import TaskBuilder, TaskMixture, check_fit
 from trainer.data.token_cache import TokenData, cached_tokens
 from trainer.data.tokenizer import Tokenizer, load_tokenizer
 from trainer.evals.attention_dump import DumpIds, check_budget, dump_attention, run_columns
 from trainer.evals.evaluate import Autocast, Validation, evaluate_passkey, evaluate_validation
 from trainer.evals.passkey.table import write_passkey_table
 from trainer.evals.position_loss import POSITION_LOSS_FILE, write_position_loss
+from trainer.evals.tasks import evaluate_tasks
+from trainer.evals.tasks_table import TASKS_FILE, write_tasks_table
 from trainer.files.dir_lock import hold_dir_lock
 from trainer.files.run_files import (
     METRICS_FILE,
@@ -106,6 +109,10 @@ class DataBundle:
     bytes_per_token: float
     prompter: PasskeyPrompter
 
+    def task_builder(self, cfg: RunConfig, split: str) -> TaskBuilder:
+        """Task examples of cfg's data.task_params hidden in the text of `split` (train or val)."""
+        return TaskBuilder(self.tokenizer, cfg.data.task_params, getattr(self.tokens, split))
+
 
 def seed_everything(seed: int) -> None:
     """Seed python, numpy and torch."""
@@ -160,6 +167,21 @@ def _check_lengths(cfg: RunConfig, data: DataBundle) -> None:
         data.prompter.build(seq + 1, 0.5, cfg.data.passkey.max_key)  # raises if the prompt cannot fit
     if cfg.eval.passkey.enabled:
         data.prompter.build(round(seq * min(cfg.eval.passkey.length_factors)), 0.5, cfg.data.passkey.max_key)
+    if cfg.data.task_ratio > 0:
+        builder = data.task_builder(cfg, "train")
+        for task in cfg.data.tasks:
+            check_fit(builder, task, seq + 1, f"the train length (model.max_seq_len={seq}, plus the target token)")
+    if cfg.data.tasks and cfg.eval.tasks.enabled:
+        builder = data.task_builder(cfg, "val")
+        factors = cfg.eval.tasks.length_factors
+        shortest, longest = round(seq * min(factors)), round(seq * max(factors))
+        for task in cfg.data.tasks:
+            check_fit(builder, task, shortest, f"the shortest evaluation length (eval.tasks.length_factors "
+                      f"{min(factors):g} x {seq})")
+        if longest > len(data.tokens.val):
+            raise UserError(f"eval.tasks.length_factors={list(factors)!r}: {max(factors):g} x {seq} = {longest} "
+                            f"tokens of filler, but the validation split holds {len(data.tokens.val)}; lower the "
+                            "factors or use a larger corpus")
     if cfg.dump.enabled:
         check_budget(cfg.dump, cfg.model.n_layers, cfg.model.n_heads, seq)
         check_length(data.tokens.val, cfg.dump.seq_len or seq, "dump.seq_len")
@@ -194,10 +216,11 @@ class _Run:
         self.synced = (0, True)  # (step, with optimizer) self.model last received the shards' state
         compile_model = cfg.train.compile if cfg.train.compile is not None else self.device.type == "cuda"
         self.forward = torch.compile(self.parallel) if compile_model else self.parallel
-        prompter = self.data.prompter if cfg.data.passkey_ratio > 0 else None
+        mixture = [(cfg.data.passkey_ratio, self.data.prompter)]
+        if cfg.data.task_ratio > 0:
+            mixture.append((cfg.data.task_ratio, TaskMixture(self.data.task_builder(cfg, "train"), cfg.data.tasks)))
         self.batches = TrainBatches(self.data.tokens.train, cfg.model.max_seq_len, cfg.train.batch_size,
-                                    cfg.train.seed, prompter, cfg.data.passkey_ratio, self.world.rank,
-                                    self.world.size)
+                                    cfg.train.seed, mixture, self.world.rank, self.world.size)
         self.losses: list[float] = []  # per-step training loss, settled (read back from the device)
         self.pending: list[torch.Tensor] = []  # losses of the steps since, still on the device
         self.step = 0
@@ -422,7 +445,12 @@ def _finish(run: _Run, stop_reason: str, window_steps: int) -> TrainResult:
         final["passkey_acc"] = res.accuracy
         artifacts["passkey"] = run.run_dir / "passkey.parquet"
         write_passkey_table(res.rows, cfg, run.chash, artifacts["passkey"])
-    final["eval_s"] = time.perf_counter() - t_eval
+    if cfg.data.tasks and cfg.eval.tasks.enabled:
+        tasks = evaluate_tasks(run.model, run.data.task_builder(cfg, "val"), list(cfg.data.tasks),
+                               cfg.model.max_seq_len, cfg.eval.tasks, cfg.train.seed, run.autocast)
+        final.update(tasks.metrics)
+        artifacts["tasks"] = write_tasks_table(tasks.rows, cfg, run.chash, run.run_dir / TASKS_FILE)
+    final["eval_s"] = time.perf_counter() - t_eval  # validation, loss by position, passkey and tasks
     if cfg.dump.enabled:
         length = cfg.dump.seq_len or cfg.model.max_seq_len
         probe = val_windows(run.data.tokens.val, length, cfg.dump.samples)[:, :length]

@@ -28,7 +28,7 @@ class Reporter:
         """A checkpoint was written at `path` after `step` steps."""
 
     def artifact(self, path: Path, kind: str) -> None:
-        """A result file was written (kind: config, passkey, attention, result)."""
+        """A result file was written (kind: config, passkey, tasks, attention, result)."""
 
     def finish(self, status: str, error: str | None = None) -> None:
         """The run ended: FINISHED, or FAILED with the error."""

@@ -383,7 +383,7 @@ class SweepTracker:
         """Config, eval tables, attention dumps and a reference to the final checkpoint (files already logged are
         kept, so a second call logs only what the first could not)."""
         files = {"config.yaml": "config", "result.json": "result", "dedup.json": "result", "passkey.parquet": "eval",
-                 "metrics.jsonl": "result", "attention/attention.parquet": "attention",
+                 "tasks.parquet": "eval", "metrics.jsonl": "result", "attention/attention.parquet": "attention",
                  "attention/logit_profile.parquet": "attention"}
         present: dict[str, set[str]] = {}
         for rel, kind in files.items():

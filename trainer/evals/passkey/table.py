@@ -19,23 +19,30 @@ from trainer.config import RunConfig
 from trainer.evals.attention_dump import identity_arrays, run_columns
 from trainer.model.position import IDENTITY_COLUMNS, encoding_identity
 
-__all__ = ["PASSKEY_SCHEMA", "read_passkey_table", "upgrade_passkey_table", "write_passkey_table"]
+__all__ = ["PASSKEY_SCHEMA", "RUN_COLUMNS", "read_passkey_table", "upgrade_passkey_table", "with_run_columns",
+           "write_passkey_table"]
 
 _ROW = pa.schema([("length", pa.int64()), ("target_length", pa.int64()), ("length_factor", pa.float64()),
                   ("depth", pa.float64()), ("depth_target", pa.float64()), ("sample", pa.int64()),
                   ("passkey", pa.int64()), ("generated", pa.string()), ("correct", pa.bool_())])
-PASSKEY_SCHEMA = pa.schema([*_ROW, ("run_name", pa.string()), ("config_hash", pa.string()),
-                            *((k, a.type) for k, a in identity_arrays(dict.fromkeys(IDENTITY_COLUMNS), 0).items())])
+# The columns after a per-example table's own: the run (name, config hash) and its encoding identity.
+RUN_COLUMNS = [("run_name", pa.string()), ("config_hash", pa.string()),
+               *((k, a.type) for k, a in identity_arrays(dict.fromkeys(IDENTITY_COLUMNS), 0).items())]
+PASSKEY_SCHEMA = pa.schema([*_ROW, *RUN_COLUMNS])
 _FIX = "rerun the cell or the evaluation (or delete the file to report without it)"
 
 
 def write_passkey_table(rows: list[dict[str, Any]], cfg: RunConfig, chash: str, path: Path) -> Path:
     """Write a row per prompt (keys: the row columns of PASSKEY_SCHEMA) with the run's name, hash and identity."""
-    table = pa.Table.from_pylist(rows, schema=_ROW)
+    pq.write_table(with_run_columns(pa.Table.from_pylist(rows, schema=_ROW), cfg, chash).cast(PASSKEY_SCHEMA), path)
+    return path
+
+
+def with_run_columns(table: pa.Table, cfg: RunConfig, chash: str) -> pa.Table:
+    """`table` with the RUN_COLUMNS of the run of cfg (hash chash) appended, the same on every row."""
     for name, column in run_columns(cfg.name, chash, encoding_identity(cfg.model.pe), len(table)).items():
         table = table.append_column(name, column)
-    pq.write_table(table.cast(PASSKEY_SCHEMA), path)
-    return path
+    return table
 
 
 def upgrade_passkey_table(table: pa.Table) -> pa.Table:

@@ -1,0 +1,133 @@
+"""Task examples in a run's tokens: `TaskBuilder` hides an instance's inserts in corpus filler at exact lengths.
+
+An example of `length` tokens is filler (a window of the split's own token stream) with the instance's inserts
+placed, in order, at sorted random token offsets, then the question, then the answer: prompt + answer is exactly
+`length` tokens in any tokenizer, because every symbol is tokenized on its own and the filler fills the rest.
+Everything drawn comes from the generator passed in, so an example is a function of that generator's seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from hdrope.errors import UserError
+from trainer.data.tasks.registry import TASKS
+from trainer.data.tasks.spec import DIGITS, LETTERS
+from trainer.data.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from trainer.config import TaskParams
+
+__all__ = ["TaskBuilder", "TaskExample", "TaskMixture", "check_fit"]
+
+MARKERS = ("<", ">", "(", "+", ")", "=", "{", "}", "?", ":", "#", ".", "*")
+
+
+@dataclass
+class TaskExample:
+    """Token ids of one example's prompt and answer, with the drawn parameters (depths of the inserts included)."""
+
+    task: str
+    prompt: list[int]
+    answer: list[int]
+    params: dict[str, Any]
+
+    @property
+    def params_json(self) -> str:
+        return json.dumps(self.params, sort_keys=True)
+
+
+class TaskBuilder:
+    """Builds examples of the registered tasks for one tokenizer, task_params and filler token stream."""
+
+    def __init__(self, tok: Tokenizer, params: TaskParams, filler: np.ndarray) -> None:
+        self.tok, self.params, self.filler = tok, params, filler
+        self._ids = {s: tok.encode(s) for s in (*MARKERS, *LETTERS, *DIGITS)}
+        self._widest = max(len(ids) for ids in self._ids.values())
+
+    def ids(self, symbols: list[str]) -> list[int]:
+        """The symbols' tokens, each symbol tokenized on its own."""
+        return [t for s in symbols for t in self._ids[s]]
+
+    def smallest(self, task: str, params: TaskParams | None = None) -> int:
+        """Most tokens an example of `task` takes without filler (inserts, question and answer), under `params`
+        (default the builder's): the shortest length any example fits in."""
+        inst = TASKS[task].draw(params or self.params, np.random.default_rng(0))
+        count = sum(map(len, inst.inserts)) + len(inst.question) + len(inst.answer)  # a fixed count per params
+        return count * self._widest
+
+    def build(self, task: str, length: int, rng: np.random.Generator) -> TaskExample:
+        """An example of `task` whose prompt + answer is exactly `length` tokens, filler from a random place."""
+        inst = TASKS[task].draw(self.params, rng)
+        inserts = [self.ids(part) for part in inst.inserts]
+        question, answer = self.ids(inst.question), self.ids(inst.answer)
+        room = length - sum(map(len, inserts)) - len(question) - len(answer)
+        if room < 0:
+            raise UserError(f"data.tasks: a {task} example needs {length - room} tokens, more than {length}; "
+                            "lower its data.task_params or use a longer model.max_seq_len")
+        if room > len(self.filler):
+            raise UserError(f"data.tasks: a {task} example of {length} tokens needs {room} filler tokens but the "
+                            f"split holds {len(self.filler)}; lower eval.tasks.length_factors or use a larger corpus")
+        start = int(rng.integers(0, len(self.filler) - room + 1))
+        filler = np.asarray(self.filler[start : start + room], dtype=np.int64).tolist()
+        offsets = np.sort(rng.integers(0, room + 1, size=len(inserts))).tolist()
+        prompt: list[int] = []
+        last = 0
+        for offset, ids in zip(offsets, inserts, strict=True):
+            prompt += filler[last:offset] + ids
+            last = offset
+        prompt += filler[last:] + question
+        depths = [round(o / room, 4) if room else 0.0 for o in offsets]
+        return TaskExample(task, prompt, answer, {**inst.params, "depth": depths})
+
+
+class TaskMixture:
+    """The training source of task windows: a row is filled with examples back to back, each of a task drawn
+    uniformly from `tasks` and of a length drawn uniformly between that task's smallest example and the room left;
+    the corpus text of the window stays where no example fits."""
+
+    def __init__(self, builder: TaskBuilder, tasks: list[str]) -> None:
+        self.builder, self.tasks = builder, list(tasks)
+        self.smallest = [builder.smallest(t) for t in self.tasks]
+
+    def fill(self, row: np.ndarray, rng: np.random.Generator) -> None:
+        """Overwrite `row` (a window of seq_len + 1 tokens) from its start with task examples, in place."""
+        start = 0
+        while True:
+            i = int(rng.integers(len(self.tasks)))
+            room = len(row) - start
+            if start and self.smallest[i] > room:
+                return
+            length = int(rng.integers(min(self.smallest[i], room), room + 1))
+            ex = self.builder.build(self.tasks[i], length, rng)
+            row[start : start + length] = ex.prompt + ex.answer
+            start += length
+
+
+def check_fit(builder: TaskBuilder, task: str, length: int, where: str) -> None:
+    """UserError when the smallest example of `task` does not fit in `length` tokens: it names the sizes of
+    data.task_params the task reads and the largest value of each that fits (the others kept)."""
+    need = builder.smallest(task)
+    if need <= length:
+        return
+    params, fits = builder.params, []
+    for name in TASKS[task].uses:
+        for v in range(getattr(params, name) - 1, 0, -1):
+            trial = dataclasses.replace(params, **{name: v})
+            if _sizes_valid(trial) and builder.smallest(task, trial) <= length:
+                fits.append(f"data.task_params.{name}={v}")
+                break
+    sizes = ", ".join(f"{n}={getattr(params, n)}" for n in TASKS[task].uses)
+    fix = (f"the largest size that fits, the others kept: {' or '.join(fits)}" if fits else
+           "no single size of it fits when lowered alone: lower several")
+    raise UserError(f"data.tasks: the smallest {task} example ({sizes}) takes {need} tokens but {where} holds "
+                    f"{length}; {fix}, or raise the length")
+
+
+def _sizes_valid(p: TaskParams) -> bool:
+    return p.q <= p.k

@@ -1,0 +1,61 @@
+"""What a synthetic task is: a `TaskSpec` whose `draw` turns (params, rng) into an `Instance` of symbols.
+
+An instance is a list of inserts (symbol lists hidden, in order, at random places of the corpus's filler text),
+a question that ends the prompt, and the answer that follows it. Symbols are short strings (a letter, a digit, a
+marker); `trainer.data.tasks.build` tokenizes each one on its own, so a prompt's token count is exact in any
+tokenizer. Keys and variables are lowercase letters, values are digits.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from trainer.config import TaskParams
+
+__all__ = ["DIGITS", "LETTERS", "Instance", "TaskSpec", "digits_of", "distinct_letters", "value"]
+
+LETTERS = tuple(string.ascii_lowercase)
+DIGITS = tuple(string.digits)
+
+
+@dataclass
+class Instance:
+    """One drawn example in symbols: inserts hidden in the filler in order, then the question; `params` are the
+    drawn quantities a table keeps (k, q, the operands …)."""
+
+    inserts: list[list[str]]
+    question: list[str]
+    answer: list[str]
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A registered task: its name, a one-line description, the `data.task_params` fields it reads (the sizes the
+    fit check may lower) and its generator."""
+
+    name: str
+    doc: str
+    uses: tuple[str, ...]
+    draw: Callable[[TaskParams, np.random.Generator], Instance]
+
+
+def distinct_letters(rng: np.random.Generator, count: int, alphabet: int) -> list[str]:
+    """`count` different letters from the first `alphabet` lowercase letters, in random order."""
+    return [LETTERS[i] for i in rng.choice(alphabet, size=count, replace=False)]
+
+
+def value(rng: np.random.Generator, digits: int) -> list[str]:
+    """A random value of `digits` digits (leading zeros allowed), as digit symbols."""
+    return [DIGITS[i] for i in rng.integers(0, 10, size=digits)]
+
+
+def digits_of(number: int, width: int) -> list[str]:
+    """`number` as `width` digit symbols, least significant first (the order addition is written in)."""
+    return list(str(number).zfill(width)[::-1])
