@@ -9,10 +9,9 @@ Depends on torch and numpy only. Public API:
 - `UserError`: the error raised for bad user input (names the field, value and fix; not a ValueError).
 """
 
-import importlib
-from typing import Any
 
-from hdrope.moved import moved_attribute_error, register
+
+from hdrope.moved import lazy_exports, register
 
 register({"hdrope.console": "sweeps.console"})  # the console assembles every package's commands
 
@@ -34,16 +33,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise moved_attribute_error("hdrope", name)
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 __all__ = [

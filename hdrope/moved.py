@@ -7,12 +7,14 @@ exists. Old names are not aliased to the new modules: one module, one name.
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
+from typing import Any
 
-__all__ = ["MOVED", "moved_attribute_error", "register"]
+__all__ = ["MOVED", "lazy_exports", "moved_attribute_error", "register"]
 
 MOVED: dict[str, str] = {}  # old dotted module name -> its new home
 
@@ -45,3 +47,22 @@ def moved_attribute_error(package: str, name: str) -> AttributeError:
     old = f"{package}.{name}"
     hint = f": {_message(old)}" if old in MOVED else ""
     return AttributeError(f"module {package!r} has no attribute {name!r}{hint}")
+
+
+def lazy_exports(package: str, exports: dict[str, str],
+                 namespace: dict[str, Any]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """A package's module `__getattr__` and `__dir__` (PEP 562) for its public names: `exports` maps each name to
+    the submodule defining it, imported on first use and then cached in `namespace` (the package's globals()); any
+    other name is an AttributeError that names the new home of a moved module."""
+
+    def getattr_(name: str) -> Any:
+        if name in exports:
+            value = getattr(importlib.import_module(exports[name]), name)
+            namespace[name] = value
+            return value
+        raise moved_attribute_error(package, name)
+
+    def dir_() -> list[str]:
+        return sorted([*namespace, *exports])
+
+    return getattr_, dir_

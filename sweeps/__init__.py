@@ -11,10 +11,9 @@ the console's `--help` load neither Ray nor torch):
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from hdrope.moved import moved_attribute_error, register
+from hdrope.moved import lazy_exports, register
 
 if TYPE_CHECKING:
     from sweeps.plan import Plan, make_plan
@@ -42,13 +41,4 @@ __all__ = ["Plan", "SpecError", "SweepSpec", "load_plan", "load_spec", "make_pla
 register({"sweeps.tracking": "trainer.run.tracking"})  # tracking is the trainer's: it logs one run's metrics
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise moved_attribute_error("sweeps", name)
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -5,10 +5,9 @@ Depends on `hdrope`, never on Ray or `sweeps`. Public entry point: `trainer.trai
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from hdrope.moved import moved_attribute_error, register
+from hdrope.moved import lazy_exports, register
 
 if TYPE_CHECKING:
     from trainer.config import RunConfig
@@ -44,13 +43,4 @@ register({f"trainer.{old}": f"trainer.{new}" for old, new in {
 }.items()})
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise moved_attribute_error("trainer", name)
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
