@@ -20,6 +20,7 @@ from typing import Any
 
 from hdrope.errors import UserError
 from trainer.data.tasks.registry import TASKS
+from trainer.data.tasks.spec import TaskParams
 from trainer.data.tokenizer import tokenizer_hash_key
 from trainer.evals.position_loss import POSITION_SPACINGS
 from trainer.model.args import ModelArgs, validate_model_args
@@ -107,19 +108,6 @@ class PasskeyFormat:
     question: str = " What is the pass key? The pass key is"
     min_key: int = 1
     max_key: int = 50000
-
-
-@dataclass
-class TaskParams:
-    """Sizes of the synthetic tasks (`trainer.data.tasks`); each task reads the fields its registry entry names."""
-
-    keys: int = 26  # alphabet of keys, variables and copied letters: the first `keys` lowercase letters
-    value_digits: int = 1  # digits of a value (mqar, needles, vartrack)
-    span: int = 4  # copy, reverse: letters in the string
-    digits: int = 2  # addition: digits of each operand
-    k: int = 4  # mqar: key-value pairs; niah_multikey / niah_multiquery: needles; niah_multivalue: values of the key
-    q: int = 2  # mqar, niah_multiquery: keys asked
-    hops: int = 2  # vartrack: assignments in the chain (and in its distractor chain)
 
 
 @dataclass

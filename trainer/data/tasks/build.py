@@ -21,7 +21,7 @@ from trainer.data.tasks.spec import DIGITS, LETTERS
 from trainer.data.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from trainer.config import TaskParams
+    from trainer.data.tasks.spec import TaskParams
 
 __all__ = ["TaskBuilder", "TaskExample", "TaskMixture", "check_fit"]
 

@@ -20,7 +20,7 @@ import numpy as np
 from trainer.data.tasks.spec import Instance, TaskSpec, distinct_letters, value
 
 if TYPE_CHECKING:
-    from trainer.config import TaskParams
+    from trainer.data.tasks.spec import TaskParams
 
 __all__ = ["SPECS"]
 

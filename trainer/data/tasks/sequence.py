@@ -17,7 +17,7 @@ import numpy as np
 from trainer.data.tasks.spec import Instance, TaskSpec, digits_of, distinct_letters, value
 
 if TYPE_CHECKING:
-    from trainer.config import TaskParams
+    from trainer.data.tasks.spec import TaskParams
 
 __all__ = ["SPECS"]
 

@@ -11,17 +11,27 @@ from __future__ import annotations
 import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from trainer.config import TaskParams
-
-__all__ = ["DIGITS", "LETTERS", "Instance", "TaskSpec", "digits_of", "distinct_letters", "value"]
+__all__ = ["DIGITS", "LETTERS", "Instance", "TaskParams", "TaskSpec", "digits_of", "distinct_letters", "value"]
 
 LETTERS = tuple(string.ascii_lowercase)
 DIGITS = tuple(string.digits)
+
+
+@dataclass
+class TaskParams:
+    """Sizes of the synthetic tasks (`data.task_params`); each task reads the fields its registry entry names."""
+
+    keys: int = 26  # alphabet of keys, variables and copied letters: the first `keys` lowercase letters
+    value_digits: int = 1  # digits of a value (mqar, needles, vartrack)
+    span: int = 4  # copy, reverse: letters in the string
+    digits: int = 2  # addition: digits of each operand
+    k: int = 4  # mqar: key-value pairs; niah_multikey / niah_multiquery: needles; niah_multivalue: values of the key
+    q: int = 2  # mqar, niah_multiquery: keys asked
+    hops: int = 2  # vartrack: assignments in the chain (and in its distractor chain)
 
 
 @dataclass
