@@ -127,7 +127,7 @@ def verdict(row: pd.Series) -> str:
     if row["significant"]:
         side = "lower" if row["delta"] < 0 else "higher"
         return f"{head} ({test}): {row['variant']} is {side} than {row['reference']}."
-    if not row["mde"] > 0:  # every seed gave the same difference: the spread that power is computed from is 0
+    if row["mde"] == 0:  # every seed gave the same difference: the spread that power is computed from is 0
         return f"{head} ({test}): no difference shown; every seed gave the same difference."
     return (f"{head} ({test}): no difference shown; differences under {fmt(row['mde'])} would likely go unseen "
             f"(80% power).")

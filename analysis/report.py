@@ -208,7 +208,7 @@ def _metric_grid(cells: pd.DataFrame, columns: dict[str, str], tests: pd.DataFra
             text = _cell_text(values, is_proportion(g, metric) if metric in g else False)
             text += _mark(marks, metric, variant, theta)
             if blocked and (variant, t) in blocked:
-                text = blocked[(variant, t)] + (f": {text}" if label.startswith("1x") else "")
+                text = blocked[(variant, t)] + (f": {text}" if label == next(iter(columns)) else "")
             row[label] = text
     return pd.DataFrame(out).T[list(columns)]
 

@@ -30,11 +30,6 @@ def hope_frequencies(theta: float, head_dim: int, train_len: int) -> torch.Tenso
     return freqs
 
 
-def removes_nothing(theta: float, head_dim: int, train_len: int) -> bool:
-    """Whether every RoPE frequency finishes a period within train_len (HoPE is then RoPE)."""
-    return bool((hope_frequencies(theta, head_dim, train_len) > 0).all())
-
-
 def _train_len(pe: HoPEConfig, s: EncodingShape) -> int:
     return pe.train_len or s.max_seq_len
 

@@ -8,7 +8,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from trainer.model.encodings.base import EncodingShape, PositionModule, compute_dtype, rope_freqs, rotate_pairs
+from trainer.model.encodings.base import (
+    EncodingShape,
+    PositionModule,
+    compute_dtype,
+    kv_group,
+    rope_freqs,
+    rotate_pairs,
+)
 from trainer.model.encodings.kind import EncodingKind, identity_row, problems_of
 from trainer.model.encodings.rotary import check_theta
 
@@ -32,7 +39,7 @@ class RoPEMixed(PositionModule):
         super().__init__()
         base = rope_freqs(check_theta(pe.theta), s.head_dim // 2).float()
         self.freqs = nn.Parameter(base.expand(s.n_layers, s.n_kv_heads, -1).clone())
-        self.group = s.n_heads // s.n_kv_heads
+        self.group = kv_group(s.n_heads, s.n_kv_heads)
 
     def tables(self, positions, dtype, length=None):
         pos = positions if positions.dim() == 2 else positions.unsqueeze(0)

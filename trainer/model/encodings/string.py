@@ -13,7 +13,7 @@ from torch import nn
 from hdrope import HDRotary
 from hdrope.errors import UserError
 from hdrope.rotary import check_rotary
-from trainer.model.encodings.base import EncodingShape, PositionModule, rope_freqs
+from trainer.model.encodings.base import EncodingShape, PositionModule, kv_group, rope_freqs
 from trainer.model.encodings.generator import GeneratorRotary
 from trainer.model.encodings.kind import EncodingKind, identity_row, problems_of
 from trainer.model.encodings.learned_basis import orthogonal
@@ -50,7 +50,7 @@ class CayleySTRING(PositionModule):
     def __init__(self, pe: STRINGConfig, s: EncodingShape) -> None:
         super().__init__()
         self.phases = RotaryTable(inner_rotary(pe, s), s.max_seq_len)
-        self.group = s.n_heads // s.n_kv_heads
+        self.group = kv_group(s.n_heads, s.n_kv_heads)
         self.a = nn.Parameter(torch.zeros(s.n_layers, s.n_kv_heads if pe.per_head else 1, s.head_dim, s.head_dim))
 
     def extra_repr(self) -> str:
