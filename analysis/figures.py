@@ -239,8 +239,8 @@ def accuracy_vs_length(cells: pd.DataFrame, level: float = 0.95, threshold: floa
                 ivs = [(f, iv) for f, iv in ivs if iv.n > 0]
                 if not ivs:
                     continue
-                first = ivs[0][1]
-                label = v if first.estimate >= threshold else f"{v} (not learned)"
+                k, n = accuracy_counts(g, by_factor[min(by_factor)])  # the learned_table rule: the shortest factor
+                label = v if n and k / n >= threshold else f"{v} (not learned)"
                 series[label] = (np.array([f for f, _ in ivs]), np.array([iv.estimate for _, iv in ivs]))
                 band[label] = (np.array([iv.lo for _, iv in ivs]), np.array([iv.hi for _, iv in ivs]))
                 seeds.add(int(g["seed"].nunique()))
