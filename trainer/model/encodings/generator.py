@@ -55,9 +55,13 @@ class GeneratorRotary(PositionModule):
         """S at layer in dtype: (KV heads or 1, n_blocks, block, block), skew-symmetric, per unit position."""
         raise NotImplementedError
 
+    def generator_index(self, layer: int) -> int:
+        """Which layer's generator `layer` uses: itself, unless one generator serves every layer (then 0)."""
+        return layer
+
     def tables(self, positions, dtype, length=None):
         pos = positions if positions.dim() == 2 else positions.unsqueeze(0)
-        return pos, positions_bound(pos, length), compute_dtype(dtype)
+        return pos, positions_bound(pos, length), compute_dtype(dtype), {}  # {}: this forward's rotations
 
     def rotations(self, layer: int, pos: torch.Tensor, bound: int, dtype: torch.dtype) -> torch.Tensor:
         """R(m) at the positions (batch, seq): (batch, KV heads or 1, seq, n_blocks, block, block) in dtype.
@@ -88,6 +92,9 @@ class GeneratorRotary(PositionModule):
         return out.permute(4, 0, 5, 1, 2, 3).reshape(b, h, s, d).to(x.dtype)
 
     def rotate(self, q, k, tables, layer=0):
-        pos, bound, dtype = tables
-        rot = self.rotations(layer, pos, bound, dtype)
+        pos, bound, dtype, done = tables
+        index = self.generator_index(layer)
+        if index not in done:  # layers that share a generator share its rotations within one forward
+            done[index] = self.rotations(index, pos, bound, dtype)
+        rot = done[index]
         return self.mix(q, rot), self.mix(k, rot)

@@ -50,8 +50,11 @@ class LieRE(GeneratorRotary):
         shape = (s.n_layers if pe.per_layer else 1, s.n_kv_heads if pe.per_head else 1, self.n_blocks, block, block)
         self.raw = nn.Parameter(torch.rand(shape, generator=gen) * (2 * math.pi))
 
+    def generator_index(self, layer):
+        return layer if self.raw.shape[0] > 1 else 0
+
     def generator(self, layer, dtype=torch.float64):
-        return liere_skew(self.raw[layer if self.raw.shape[0] > 1 else 0].to(dtype))
+        return liere_skew(self.raw[self.generator_index(layer)].to(dtype))
 
 
 def _problems(pe: LieREConfig, s: EncodingShape) -> list[str]:
