@@ -146,11 +146,13 @@ def position_losses(cells: pd.DataFrame) -> pd.DataFrame:
 
 
 def with_effective_lengths(cells: pd.DataFrame, rule: AccuracyRule = DEFAULT_RULE,
-                           tolerance: float = LOSS_TOLERANCE, threshold: float = LEARNED_THRESHOLD) -> pd.DataFrame:
+                           tolerance: float = LOSS_TOLERANCE, threshold: float = LEARNED_THRESHOLD,
+                           learned: pd.DataFrame | None = None) -> pd.DataFrame:
     """cells with `efflen_<task>` (per cell, so per seed; nan where the (variant, task) is not learned) and
-    `efflen_loss` columns, ready for `analysis.comparisons`."""
+    `efflen_loss` columns, ready for `analysis.comparisons`; `learned` is these cells' `learned_table` at
+    `threshold` when the caller has it already."""
     out = cells.copy()
-    learned = learned_table(cells, threshold)
+    learned = learned_table(cells, threshold) if learned is None else learned
     for task, by_factor in task_metrics(list(cells.columns)).items():
         ok = learned[(learned["task"] == task) & learned["learned"]]
         keep = {(v, t if np.isfinite(t) else -1.0) for v, t in zip(ok["variant"], ok["theta"], strict=True)}

@@ -218,10 +218,10 @@ def lengthgen_section(cells: pd.DataFrame) -> tuple[list[str], list[pd.DataFrame
     named in its caption, with their comparisons; ([], []) when the cells have neither task metrics nor
     loss-by-position tables."""
     tasks = task_metrics(list(cells.columns))
-    cells = with_effective_lengths(cells)
+    learned = learned_table(cells)
+    cells = with_effective_lengths(cells, learned=learned)
     if not tasks and "efflen_loss" not in cells:
         return [], []
-    learned = learned_table(cells)
     md = ["## Length generalisation", ""]
     if tasks:
         md += [f"_A (variant, task) whose 1x exact match, pooled over its seeds, is below {LEARNED_THRESHOLD:g} is "

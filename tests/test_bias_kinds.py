@@ -142,6 +142,34 @@ def test_cope_counts_the_flops_of_its_position_logits():
 
 # --- bad input, identity, export ---------------------------------------------------------------------------------
 
+@pytest.mark.parametrize(("kind", "shared", "builds"), [
+    ("t5_bias", True, 1), ("t5_bias", False, 3), ("kerple", True, 1), ("fire", False, 3), ("alibi", None, 1)])
+def test_a_forward_builds_a_shared_bias_mask_once_with_the_same_outputs_and_gradients(kind, shared, builds):
+    from trainer.model.llama import Llama, ModelArgs
+
+    pe = pe_config_class(kind)(kind=kind, **({} if shared is None else {"shared": shared}))
+    torch.manual_seed(0)
+    model = Llama(ModelArgs(vocab_size=50, dim=16, n_layers=3, n_heads=2, n_kv_heads=1, ffn_hidden=32,
+                            max_seq_len=16, pe=pe))
+    calls = []
+    plain = type(model.pe).score_bias
+    model.pe.score_bias = lambda *a, **k: calls.append(a[2] if len(a) > 2 else 0) or plain(model.pe, *a, **k)
+    tokens = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(1))
+    grads = []
+    for memo in (True, False):
+        if not memo:  # the reference: every layer builds its own mask
+            model.pe.attend = lambda q, k, v, past, layer=0, masks=None: type(model.pe).attend(
+                model.pe, q, k, v, past, layer, None)
+        calls.clear()
+        model.zero_grad()
+        for _ in range(2):  # two forwards before the backward (gradient accumulation): no mask crosses forwards
+            model(tokens).square().mean().backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+        assert len(calls) == (2 * builds if memo else 2 * 3)
+    # equal up to the order the layers' gradients are summed in (one mask tensor gathers them all)
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-8) for a, b in zip(*grads, strict=True))
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
     (["model.pe.kind=t5_bias", "model.pe.num_buckets=1"], r"model\.pe\.num_buckets=1: must be an integer >= 2"),
     (["model.pe.kind=t5_bias", "model.pe.max_distance=16"],

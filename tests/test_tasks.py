@@ -2,6 +2,7 @@
 metrics against tasks.parquet, and bad input refused before a run writes anything."""
 
 import dataclasses
+import string
 import subprocess
 import sys
 
@@ -12,8 +13,9 @@ import pytest
 from hdrope.errors import UserError
 from trainer.config import TaskParams, config_errors, factor_tag
 from trainer.data.batches import TrainBatches
-from trainer.data.tasks.build import TaskBuilder, TaskMixture, check_fit
+from trainer.data.tasks.build import MARKERS, TaskBuilder, TaskMixture, check_fit
 from trainer.data.tasks.registry import TASKS
+from trainer.data.tasks.spec import DIGITS, KEY_SETS
 from trainer.data.tokenizer import ByteTokenizer, load_tokenizer
 
 FILLER = np.asarray(ByteTokenizer().encode("The grass is green. The sky is blue. " * 200), dtype=np.int64)
@@ -38,7 +40,7 @@ def solve(task: str, inst) -> list[str]:
         env = {}
         for needle in ins:
             rhs = needle[3:-1]
-            env[needle[1]] = env[rhs[0]] if rhs[0].isalpha() else rhs
+            env[needle[1]] = env[rhs[0]] if rhs[0] in env else rhs  # a name assigned earlier, or a value
         return env[q[1]]
     needles = [(n[1], n[2:-1]) for n in ins]
     if task == "niah_multivalue":
@@ -47,14 +49,28 @@ def solve(task: str, inst) -> list[str]:
     return [s for key in (q[1:-1] if q[-1] == "?" else q[1:]) for s in table[key]]
 
 
+@pytest.mark.parametrize("key_set", sorted(KEY_SETS))
 @pytest.mark.parametrize("task", sorted(TASKS))
-def test_generators_are_deterministic_and_their_answers_check(task):
-    p = TaskParams()
+def test_generators_are_deterministic_and_their_answers_check(task, key_set):
+    p = TaskParams(keys=7, key_set=key_set)
+    keys = set(KEY_SETS[key_set][:7])
     for seed in range(20):
         a, b = (TASKS[task].draw(p, np.random.default_rng(seed)) for _ in range(2))
         assert a == b
         assert a.answer == solve(task, a)
+        drawn = {s for part in (*a.inserts, a.question, a.answer) for s in part}
+        assert drawn - set(MARKERS) - set(DIGITS) <= keys  # every key, name and copied symbol is of the key set
     assert TASKS[task].draw(p, np.random.default_rng(0)) != TASKS[task].draw(p, np.random.default_rng(1))
+
+
+def test_the_symbol_keys_never_occur_in_the_shipped_corpus_and_letters_draw_as_before(shakespeare):
+    text = "".join(shakespeare.train) + "".join(shakespeare.val)
+    assert [k for k in KEY_SETS["symbols"] if k in text] == []
+    assert not set(KEY_SETS["symbols"]) & set(MARKERS)
+    # the default key set draws exactly what the letters-only generators drew (stored runs keep their windows)
+    inst = TASKS["mqar"].draw(TaskParams(), np.random.default_rng(7))
+    rng = np.random.default_rng(7)
+    assert inst.inserts[0][1:-1:2] == [string.ascii_lowercase[i] for i in rng.choice(26, size=4, replace=False)]
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +129,12 @@ def test_a_task_that_does_not_fit_names_the_largest_size_that_does():
     (["data.tasks=[copy]", "eval.tasks.length_factors=[1, 0]"], r"eval\.tasks\.length_factors=\[1\.0, 0\.0\]"),
     (["data.tasks=[copy]", "eval.tasks.length_factors=[-2]"], r"need positive factors"),
     (["data.tasks=[mqar]", "data.task_params.q=5"], r"data\.task_params\.q=5 > k=4"),
+    (["data.tasks=[mqar]", "data.task_params.key_set=greek"], r"key_set='greek': unknown key set; choose from "
+                                                              r"letters, symbols"),
+    (["data.tasks=[mqar]", "data.task_params.key_set=symbols"], r"data\.task_params\.keys=26: at most 7 with "
+                                                                r"key_set=symbols .*; lower keys"),
+    (["data.tasks=[vartrack]", "data.task_params.key_set=symbols", "data.task_params.keys=7",
+      "data.task_params.hops=4"], r"data\.task_params\.hops=4: needs 8 distinct keys"),
     (["data.tasks=[copy]", "data.task_ratio=0.6", "data.passkey_ratio=0.6"], r"make them sum to at most 1"),
 ])
 def test_bad_task_settings_are_refused_naming_the_field(tiny_cfg, overrides, match):
@@ -167,7 +189,15 @@ def test_factor_tags_and_config_defaults_keep_hashes():
 
     assert config_errors(RunConfig()) == []
     shipped = load_config("tasks_compact")  # the pilot's learned design: only what reached 90% at 1x
-    assert shipped.data.tasks == ["copy"] and shipped.data.task_ratio == 1.0
+    assert shipped.data.tasks == ["copy", "niah_single"] and shipped.data.task_ratio == 1.0
+    assert shipped.data.task_params.key_set == "symbols"
+    from trainer.config import _new_settings_at_default, config_hash
+
+    letters = dataclasses.replace(shipped, data=dataclasses.replace(
+        shipped.data, task_params=dataclasses.replace(shipped.data.task_params, key_set="letters")))
+    assert "data.task_params.key_set" in _new_settings_at_default(letters)  # at its default: out of the hash
+    assert "data.task_params.key_set" not in _new_settings_at_default(shipped)
+    assert config_hash(letters) != config_hash(shipped)
 
 
 def test_the_tasks_bench_measures_both_steps_and_the_evaluation(cache_dir):

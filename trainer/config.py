@@ -20,10 +20,11 @@ from typing import Any
 
 from hdrope.errors import UserError
 from trainer.data.tasks.registry import TASKS
-from trainer.data.tasks.spec import TaskParams
+from trainer.data.tasks.spec import KEY_SETS, TaskParams
 from trainer.data.tokenizer import tokenizer_hash_key
 from trainer.evals.position_loss import POSITION_SPACINGS
 from trainer.model.args import ModelArgs, validate_model_args
+from trainer.new_setting import NEW_SETTING
 from trainer.run.optim import OPTIMIZERS, OptimConfig
 
 __all__ = [
@@ -88,11 +89,6 @@ SEED_MAX = 2**32 - 1  # train.seed seeds python, numpy (which takes [0, 2**32 - 
 
 # Keys that say where or how verbosely a run writes, not what it computes.
 _NON_SEMANTIC = ("train.out_dir", "train.log_every", "train.threads", "train.progress", "data.cache_dir")
-
-# Field metadata of a setting added after runs were stored: at its default it stays out of the config hash, so
-# every stored run keeps its hash (and resumes) while a run that sets it gets a new one. Use as
-# `field(default=..., metadata=NEW_SETTING)` in any config dataclass, an encoding's included.
-NEW_SETTING = {"hash": "omit_at_default"}
 
 
 @dataclass
@@ -264,12 +260,17 @@ def _finite(cfg: RunConfig) -> list[str]:
 def _task_size_errors(p: TaskParams) -> list[str]:
     """Problems of task sizes that are each positive but do not fit together (letters to draw, q of k)."""
     errors = []
-    if p.keys > 26:
-        errors.append(f"data.task_params.keys={p.keys}: at most 26 (keys are lowercase letters)")
+    if p.key_set not in KEY_SETS:
+        return [f"data.task_params.key_set={p.key_set!r}: unknown key set; choose from {', '.join(KEY_SETS)}"]
+    size = len(KEY_SETS[p.key_set])
+    if p.keys > size:
+        errors.append(f"data.task_params.keys={p.keys}: at most {size} with key_set={p.key_set} (its symbols: "
+                      f"{' '.join(KEY_SETS[p.key_set])}); lower keys")
     for name, need in (("span", p.span), ("k", p.k), ("hops", 2 * p.hops)):
-        if need > min(p.keys, 26):
-            errors.append(f"data.task_params.{name}={getattr(p, name)}: needs {need} distinct letters but "
-                          f"data.task_params.keys={p.keys}; lower it or raise keys (at most 26)")
+        if need > min(p.keys, size):
+            errors.append(f"data.task_params.{name}={getattr(p, name)}: needs {need} distinct keys but "
+                          f"data.task_params.keys={p.keys}; lower it or raise keys (at most {size} with "
+                          f"key_set={p.key_set})")
     if p.q > p.k:
         errors.append(f"data.task_params.q={p.q} > k={p.k}: a query asks one of the k keys; use q <= k")
     if p.digits > 18:
@@ -403,13 +404,11 @@ def _new_settings_at_default(node: Any, prefix: str = "") -> set[str]:
         key, value = f"{prefix}{f.name}", getattr(node, f.name)
         if f.metadata.get("hash") == NEW_SETTING["hash"]:
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            if dataclasses.is_dataclass(default):
-                default = dataclasses.asdict(default)
-                value = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
-            if value == default:
-                keys.update(k for k in flatten_config_node(key, getattr(node, f.name)))
+            plain = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+            if plain == (dataclasses.asdict(default) if dataclasses.is_dataclass(default) else default):
+                keys.update(k for k in flatten_config_node(key, value))
                 continue
-        keys |= _new_settings_at_default(value, f"{key}.")
+        keys |= _new_settings_at_default(value, f"{key}.")  # a new setting inside a set one keeps its own rule
     return keys
 
 

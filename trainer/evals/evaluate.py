@@ -18,8 +18,7 @@ from trainer.evals.position_loss import PositionLoss
 from trainer.model.generate import greedy_generate
 from trainer.model.llama import Llama
 
-__all__ = ["Autocast", "PasskeyResult", "Validation", "evaluate_passkey", "evaluate_validation", "position_loss",
-           "window_loss"]
+__all__ = ["Autocast", "PasskeyResult", "Validation", "evaluate_passkey", "evaluate_validation", "position_loss"]
 
 Autocast = Callable[[], contextlib.AbstractContextManager]  # makes a fresh precision context per use
 
@@ -37,11 +36,6 @@ def position_loss(model: Llama, windows: torch.Tensor, batch_size: int, autocast
         loss = F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten(), reduction="none")
         sums += loss.view(len(chunk), seq).double().sum(0)
     return PositionLoss(sums.cpu().numpy(), np.full(seq, len(windows), dtype=np.int64))
-
-
-def window_loss(model: Llama, windows: torch.Tensor, batch_size: int, autocast: Autocast) -> float:
-    """Mean next-token cross-entropy (nats) over windows of (count, seq + 1) tokens."""
-    return position_loss(model, windows, batch_size, autocast).mean
 
 
 @dataclass

@@ -9,7 +9,7 @@ beside it in `trainer.model.args`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -23,8 +23,12 @@ __all__ = ["KVCache", "Llama", "ModelArgs", "validate_model_args"]
 
 @dataclass
 class _Context:
+    """What one forward pass carries through its layers: the KV cache, the (q, k) capture, and the attention masks
+    already built in this pass (layers that share a score bias build its mask once)."""
+
     cache: KVCache | None = None
     capture: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+    masks: dict = field(default_factory=dict)
 
 
 class RMSNorm(nn.Module):
@@ -80,7 +84,7 @@ class Attention(nn.Module):
             k, v = ctx.cache.update(self.layer, k, v)
         if ctx.capture is not None:
             ctx.capture[self.layer] = (q, k)
-        y = pe.attend(q, k, v, past, self.layer)
+        y = pe.attend(q, k, v, past, self.layer, ctx.masks)
         return self.wo(y.transpose(1, 2).reshape(b, s, -1))
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from hdrope.errors import UserError
 from trainer.data.tasks.registry import TASKS
-from trainer.data.tasks.spec import DIGITS, LETTERS
+from trainer.data.tasks.spec import DIGITS, KEY_SETS
 from trainer.data.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -47,7 +47,8 @@ class TaskBuilder:
 
     def __init__(self, tok: Tokenizer, params: TaskParams, filler: np.ndarray) -> None:
         self.tok, self.params, self.filler = tok, params, filler
-        self._ids = {s: tok.encode(s) for s in (*MARKERS, *LETTERS, *DIGITS)}
+        symbols = dict.fromkeys((*MARKERS, *DIGITS, *(k for keys in KEY_SETS.values() for k in keys)))
+        self._ids = {s: tok.encode(s) for s in symbols}
         self._widest = max(len(ids) for ids in self._ids.values())
 
     def ids(self, symbols: list[str]) -> list[int]:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from trainer.data.tasks.spec import Instance, TaskSpec, distinct_letters, value
+from trainer.data.tasks.spec import Instance, TaskSpec, distinct_keys, value
 
 if TYPE_CHECKING:
     from trainer.data.tasks.spec import TaskParams
@@ -30,12 +30,12 @@ def _needle(key: str, val: list[str]) -> list[str]:
 
 
 def _single(p: TaskParams, rng: np.random.Generator) -> Instance:
-    key, val = distinct_letters(rng, 1, p.keys)[0], value(rng, p.value_digits)
+    key, val = distinct_keys(rng, 1, p)[0], value(rng, p.value_digits)
     return Instance([_needle(key, val)], ["#", key], val, {"k": 1})
 
 
 def _multikey(p: TaskParams, rng: np.random.Generator) -> Instance:
-    keys = distinct_letters(rng, p.k, p.keys)
+    keys = distinct_keys(rng, p.k, p)
     values = [value(rng, p.value_digits) for _ in keys]
     asked = int(rng.integers(p.k))
     return Instance([_needle(k, v) for k, v in zip(keys, values, strict=True)], ["#", keys[asked]],
@@ -43,13 +43,13 @@ def _multikey(p: TaskParams, rng: np.random.Generator) -> Instance:
 
 
 def _multivalue(p: TaskParams, rng: np.random.Generator) -> Instance:
-    key = distinct_letters(rng, 1, p.keys)[0]
+    key = distinct_keys(rng, 1, p)[0]
     values = [value(rng, p.value_digits) for _ in range(p.k)]
     return Instance([_needle(key, v) for v in values], ["#", key, "*"], [s for v in values for s in v], {"k": p.k})
 
 
 def _multiquery(p: TaskParams, rng: np.random.Generator) -> Instance:
-    keys = distinct_letters(rng, p.k, p.keys)
+    keys = distinct_keys(rng, p.k, p)
     values = [value(rng, p.value_digits) for _ in keys]
     asked = [int(i) for i in rng.choice(p.k, size=p.q, replace=False)]
     return Instance([_needle(k, v) for k, v in zip(keys, values, strict=True)],
@@ -58,7 +58,7 @@ def _multiquery(p: TaskParams, rng: np.random.Generator) -> Instance:
 
 
 def _vartrack(p: TaskParams, rng: np.random.Generator) -> Instance:
-    names = distinct_letters(rng, 2 * p.hops, p.keys)
+    names = distinct_keys(rng, 2 * p.hops, p)
     chains = []
     for names_of in (names[: p.hops], names[p.hops :]):
         val = value(rng, p.value_digits)

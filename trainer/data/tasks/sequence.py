@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from trainer.data.tasks.spec import Instance, TaskSpec, digits_of, distinct_letters, value
+from trainer.data.tasks.spec import Instance, TaskSpec, digits_of, distinct_keys, value
 
 if TYPE_CHECKING:
     from trainer.data.tasks.spec import TaskParams
@@ -23,12 +23,12 @@ __all__ = ["SPECS"]
 
 
 def _copy(p: TaskParams, rng: np.random.Generator) -> Instance:
-    s = distinct_letters(rng, p.span, p.keys)
+    s = distinct_keys(rng, p.span, p)
     return Instance([["<", *s, ">"]], ["<"], s, {"span": p.span})
 
 
 def _reverse(p: TaskParams, rng: np.random.Generator) -> Instance:
-    s = distinct_letters(rng, p.span, p.keys)
+    s = distinct_keys(rng, p.span, p)
     return Instance([["<", *s, ">"]], [">"], s[::-1], {"span": p.span})
 
 
@@ -39,7 +39,7 @@ def _addition(p: TaskParams, rng: np.random.Generator) -> Instance:
 
 
 def _mqar(p: TaskParams, rng: np.random.Generator) -> Instance:
-    keys = distinct_letters(rng, p.k, p.keys)
+    keys = distinct_keys(rng, p.k, p)
     values = [value(rng, p.value_digits) for _ in keys]
     asked = [int(i) for i in rng.choice(p.k, size=p.q, replace=False)]
     pairs = [sym for key, val in zip(keys, values, strict=True) for sym in (key, *val)]

@@ -3,7 +3,8 @@
 An instance is a list of inserts (symbol lists hidden, in order, at random places of the corpus's filler text),
 a question that ends the prompt, and the answer that follows it. Symbols are short strings (a letter, a digit, a
 marker); `trainer.data.tasks.build` tokenizes each one on its own, so a prompt's token count is exact in any
-tokenizer. Keys and variables are lowercase letters, values are digits.
+tokenizer. Keys, variables and copied strings come from the key set `KEY_SETS[data.task_params.key_set]` (lowercase
+letters by default); values are digits.
 """
 
 from __future__ import annotations
@@ -15,23 +16,37 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DIGITS", "LETTERS", "Instance", "TaskParams", "TaskSpec", "digits_of", "distinct_letters", "value"]
+from trainer.new_setting import NEW_SETTING
+
+__all__ = [
+    "DIGITS", "KEY_SETS", "LETTERS", "Instance", "TaskParams", "TaskSpec", "digits_of", "distinct_keys", "value",
+]
 
 LETTERS = tuple(string.ascii_lowercase)
 DIGITS = tuple(string.digits)
+
+# The alphabets keys are drawn from (`data.task_params.key_set`); the validator reads this registry.
+KEY_SETS: dict[str, tuple[str, ...]] = {
+    # lowercase letters: the corpus text is full of them, so a needle's key recurs in the filler
+    "letters": LETTERS,
+    # printable ASCII characters that never occur in the shipped Shakespeare corpus and are no task marker: a key
+    # occurs only where the task puts it, so retrieving it is one induction step
+    "symbols": ("$", "%", "^", "|", "~", "`", "\\"),
+}
 
 
 @dataclass
 class TaskParams:
     """Sizes of the synthetic tasks (`data.task_params`); each task reads the fields its registry entry names."""
 
-    keys: int = 26  # alphabet of keys, variables and copied letters: the first `keys` lowercase letters
+    keys: int = 26  # alphabet of keys, variables and copied strings: the first `keys` symbols of the key set
     value_digits: int = 1  # digits of a value (mqar, needles, vartrack)
     span: int = 4  # copy, reverse: letters in the string
     digits: int = 2  # addition: digits of each operand
     k: int = 4  # mqar: key-value pairs; niah_multikey / niah_multiquery: needles; niah_multivalue: values of the key
     q: int = 2  # mqar, niah_multiquery: keys asked
     hops: int = 2  # vartrack: assignments in the chain (and in its distractor chain)
+    key_set: str = field(default="letters", metadata=NEW_SETTING)  # a name in KEY_SETS
 
 
 @dataclass
@@ -56,9 +71,10 @@ class TaskSpec:
     draw: Callable[[TaskParams, np.random.Generator], Instance]
 
 
-def distinct_letters(rng: np.random.Generator, count: int, alphabet: int) -> list[str]:
-    """`count` different letters from the first `alphabet` lowercase letters, in random order."""
-    return [LETTERS[i] for i in rng.choice(alphabet, size=count, replace=False)]
+def distinct_keys(rng: np.random.Generator, count: int, p: TaskParams) -> list[str]:
+    """`count` different symbols from the first `p.keys` of the key set `p.key_set`, in random order."""
+    alphabet = KEY_SETS[p.key_set]
+    return [alphabet[i] for i in rng.choice(p.keys, size=count, replace=False)]
 
 
 def value(rng: np.random.Generator, digits: int) -> list[str]:

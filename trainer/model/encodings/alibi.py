@@ -40,6 +40,9 @@ class ALiBi(PositionModule):
     def extra_repr(self) -> str:
         return f"heads={self.slopes.numel()}"
 
+    def bias_key(self, layer):
+        return 0  # the same slopes in every layer
+
     def score_bias(self, q_positions, kv_len, layer=0):
         keys = torch.arange(kv_len, device=q_positions.device, dtype=torch.float32)
         dist = q_positions.to(torch.float32).unsqueeze(-1) - keys  # (seq, kv_len)

@@ -71,22 +71,41 @@ class PositionModule(nn.Module):
             out = out + bias.to(out.dtype)
         return out.masked_fill(~causal_mask(s, past, q.device), float("-inf"))
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int, layer: int = 0) -> torch.Tensor:
+    def bias_key(self, layer: int) -> int:
+        """Layers with the same key see the same score bias: within one forward pass its mask is built once for
+        all of them (a bias shared by every layer, or a parameter-free one, answers 0)."""
+        return layer
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int, layer: int = 0,
+               masks: dict | None = None) -> torch.Tensor:
         """Causal attention output (batch, heads, seq, d) of queries at positions past.. over keys and values at
-        0..past+seq-1 (k, v with kv_heads heads): fused SDPA (the bias as a float mask) unless `own_attention`."""
+        0..past+seq-1 (k, v with kv_heads heads): fused SDPA (the bias as a float mask) unless `own_attention`.
+        `masks`, one dict per forward pass, keeps the bias masks built in it for the layers after."""
         s, gqa, scale = q.shape[-2], k.shape[1] != q.shape[1], self.softmax_scale(q.shape[-1])
         if self.own_attention:
             probs = torch.softmax(self.logits(q, k, past, layer).float(), dim=-1).to(v.dtype)
             return probs @ v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-        bias = self.score_bias(torch.arange(past, past + s, device=q.device), past + s, layer)
-        if bias is not None:  # attention-bias encodings: causal mask and bias as one float mask
-            mask = bias.to(q.dtype).masked_fill(~causal_mask(s, past, q.device), float("-inf"))
+        mask = self._bias_mask(s, past, layer, q.dtype, q.device, masks)
+        if mask is not None:  # attention-bias encodings: causal mask and bias as one float mask
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa, scale=scale)
         if past == 0:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa, scale=scale)
         # queries sit at the end of the keys: causal mask aligned bottom-right
         return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(s, past, q.device), enable_gqa=gqa,
                                               scale=scale)
+
+    def _bias_mask(self, s: int, past: int, layer: int, dtype: torch.dtype, device: torch.device,
+                   masks: dict | None) -> torch.Tensor | None:
+        """The score bias with the causal mask as one additive float mask, or None for a kind without a bias."""
+        key = ("bias", self.bias_key(layer), s, past, dtype)
+        if masks is not None and key in masks:
+            return masks[key]
+        bias = self.score_bias(torch.arange(past, past + s, device=device), past + s, layer)
+        mask = None if bias is None else bias.to(dtype).masked_fill(~causal_mask(s, past, device), float("-inf"))
+        if masks is not None:
+            masks[key] = mask
+        return mask
+
 
 def causal_mask(seq: int, past: int, device: torch.device | str | None = None) -> torch.Tensor:
     """(seq, past + seq) bool, True where query past + i may see key j (j <= past + i): bottom-right aligned."""

@@ -30,9 +30,12 @@ class LayerBias(PositionModule):
         """(heads, seq, kv_len) float32 bias of integer query positions (seq, 1) over key positions (1, kv_len)."""
         raise NotImplementedError
 
+    def bias_key(self, layer):
+        return 0 if self.shared else layer
+
     def score_bias(self, q_positions, kv_len, layer=0):
         key = torch.arange(kv_len, device=q_positions.device)[None, :]
-        return self.bias(q_positions[:, None].to(key.device), key, 0 if self.shared else layer)
+        return self.bias(q_positions[:, None].to(key.device), key, self.bias_key(layer))
 
 
 def distance(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:

@@ -63,7 +63,7 @@ class CoPE(PositionModule):
         pos = cope_positions(qk / math.sqrt(d), visible, self.npos)
         at_integers = qf @ self.emb[0 if self.shared else layer].float()  # (batch, heads, seq, npos)
         out = (qk + interpolated(at_integers, pos)) / math.sqrt(d)
-        return out.masked_fill(~visible, float("-inf")).to(q.dtype)
+        return out.masked_fill(~visible, float("-inf"))  # float32: the softmax reads them unrounded
 
 
 def _npos(pe: CoPEConfig, s: EncodingShape) -> int:
