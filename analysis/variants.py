@@ -27,7 +27,19 @@ def variant_axes(results: pd.DataFrame) -> list[str]:
     axes = results.attrs.get("axes", [])
     seeds = set(results.attrs.get("seed_axes", []))
     said = identity_keys()  # what pe_label already says
-    return [k for k in axes if k not in seeds and k != THETA_KEY and k not in said and k in results]
+    return [k for k in axes if k not in seeds and k != THETA_KEY and k not in said and k in results
+            and not _node_said_by_label(results, k, said)]
+
+
+def _node_said_by_label(results: pd.DataFrame, key: str, said: tuple[str, ...]) -> bool:
+    """Whether an axis over a whole config node that holds identity keys (`model.pe` as a list of encodings) adds
+    nothing to the label: within every (pe_label, θ) its value is one. Otherwise it stays a variant axis, so that
+    two encodings with one label (differing in a setting the label does not say) are never merged."""
+    if not any(s.startswith(key + ".") for s in said):
+        return False
+    theta = results["theta"].astype(float).fillna(-1.0) if "theta" in results else 0.0
+    groups = results.assign(_theta=theta).groupby(["pe_label", "_theta"])[key]
+    return bool(groups.nunique(dropna=False).max() <= 1) if len(results) else True
 
 
 def value_text(value: object) -> str:

@@ -195,3 +195,28 @@ def test_a_family_of_several_metrics_is_corrected_together(synthetic_sweep):
     assert family["p"].tolist() == raw and family["family"].eq(len(raw)).all()
     assert family["p_adj"].tolist() == pytest.approx(adjust(raw, "holm"))
     assert (family["p_adj"] >= pd.concat(alone)["p_adj"].to_numpy()).all()  # a larger family never corrects less
+
+
+def test_an_axis_over_whole_encodings_is_said_by_the_label_and_keeps_rope_as_reference(synthetic_sweep):
+    """lengthgen_compact's axis is `model.pe` (a list of whole encodings): the report must name the variants by their
+    labels and compare each with RoPE, not split every encoding into its own group without a reference."""
+    import json
+
+    from analysis.comparisons import references
+    from analysis.variants import trained, variant_axes
+
+    base = pd.read_parquet(synthetic_sweep / "results.parquet")
+    pe = {"rope": {"kind": "rope"}, "nope": {"kind": "nope"}, "hdrope": {"kind": "hdrope", "rotation_dim": 4,
+                                                                          "basis": "paley"}}
+    base["model.pe"] = [json.dumps(pe[k]) for k in base["model.pe.kind"]]
+    results = base.drop(columns="model.pe.kind")
+    results.attrs = {"axes": ["seed", "model.pe"], "seed_axes": ["seed"]}
+    cells = trained(results)
+    assert variant_axes(cells) == []
+    assert set(cells["variant"]) == {"RoPE", "NoPE", "4D Paley"}
+    assert references(cells) == {"NoPE": "RoPE", "4D Paley": "RoPE"}
+    # two encodings with one label (a setting the label does not say) stay apart: the axis is kept
+    results.loc[results["seed"] == 1, "model.pe"] = json.dumps({"kind": "rope", "theta": 500000.0})
+    results.loc[(results["seed"] == 1) & (results["pe_kind"] != "rope"), "model.pe"] = json.dumps({"kind": "nope"})
+    mixed = trained(results)
+    assert variant_axes(mixed) == ["model.pe"]
