@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.comparisons import comparison_table, references
+from analysis.lengthgen import with_effective_lengths
 from analysis.load import find_sweep_dir, load_results, sweep_cells
 from analysis.outcomes import seed_values
 from analysis.stats import seeds_needed
@@ -70,12 +71,21 @@ def family_size(planned: pd.DataFrame) -> int:
     return max(1, len(pairs))
 
 
-def _pilot_spread(pilot: Path, metric: str) -> tuple[float, float, str]:
+def _pilot_cells(pilot: Path, metric: str) -> pd.DataFrame:
+    """The pilot's cells, with their effective lengths when the metric is one (`efflen_<task>`, `efflen_loss`)."""
     results = load_results(pilot)
-    if metric not in results:
-        known = [c for c in results.columns if c.startswith(("val_", "passkey", "train_loss", "lm_"))]
-        raise UserError(f"--metric {metric}: the pilot {pilot} has no such column; choose one of {known}")
     cells = sweep_cells(pilot)
+    if metric.startswith("efflen_"):
+        cells = with_effective_lengths(cells)
+    if metric not in cells:
+        known = [c for c in [*results.columns, *cells.columns]
+                 if c.startswith(("val_", "passkey", "train_loss", "lm_", "acc_", "efflen_"))]
+        raise UserError(f"--metric {metric}: the pilot {pilot} has no such column; choose one of "
+                        f"{list(dict.fromkeys(known))}")
+    return cells
+
+
+def _pilot_spread(cells: pd.DataFrame, pilot: Path, metric: str) -> tuple[float, float, str]:
     tests = comparison_table(cells, metric)
     tests = tests[tests["n"] >= 2] if len(tests) else tests  # 2 or more seeds: a spread (its interval may be ±∞)
     values = seed_values(cells, metric)
@@ -108,8 +118,11 @@ def seed_advice(pilot: str | Path, planned: pd.DataFrame, metric: str, differenc
         raise UserError(f"--detect {difference}: must be a positive, finite difference in the metric's units, "
                         "e.g. --detect 0.02")
     pilot_dir = find_sweep_dir(pilot)
-    paired_sd, unpaired_sd, source = _pilot_spread(pilot_dir, metric)
+    pilot_cells = _pilot_cells(pilot_dir, metric)
+    paired_sd, unpaired_sd, source = _pilot_spread(pilot_cells, pilot_dir, metric)
     family = family_size(planned)
+    if metric.startswith("efflen_"):  # the effective-length table is one family over its columns (as the pilot's)
+        family *= sum(1 for c in pilot_cells if c.startswith("efflen_") and pilot_cells[c].notna().any())
     alpha = (1 - level) / family
     cells = trained(planned)
     planned_seeds = int(cells.groupby(["variant", cells["theta"].fillna(-1.0)])["seed"].nunique().min())

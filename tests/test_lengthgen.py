@@ -220,3 +220,16 @@ def test_an_axis_over_whole_encodings_is_said_by_the_label_and_keeps_rope_as_ref
     results.loc[(results["seed"] == 1) & (results["pe_kind"] != "rope"), "model.pe"] = json.dumps({"kind": "nope"})
     mixed = trained(results)
     assert variant_axes(mixed) == ["model.pe"]
+
+
+def test_the_seed_plan_sizes_an_effective_length_from_a_pilot(synthetic_sweep):
+    from analysis.load import load_results
+    from analysis.power import seed_advice
+    from hdrope.errors import UserError
+
+    planned = load_results(synthetic_sweep)
+    advice = seed_advice(synthetic_sweep, planned, "efflen_copy", 0.5)
+    assert advice.family == 2 * 2  # NoPE and 4D Paley against RoPE, over the table's columns copy and loss
+    assert advice.paired_sd >= 0 and advice.planned_seeds == len(SEEDS)
+    with pytest.raises(UserError, match=r"--metric efflen_nothing: .*'efflen_copy'"):
+        seed_advice(synthetic_sweep, planned, "efflen_nothing", 0.5)
