@@ -78,10 +78,11 @@ def _pilot_cells(pilot: Path, metric: str) -> pd.DataFrame:
     if metric.startswith("efflen_"):
         cells = with_effective_lengths(cells)
     if metric not in cells:
-        known = [c for c in [*results.columns, *cells.columns]
-                 if c.startswith(("val_", "passkey", "train_loss", "lm_", "acc_", "efflen_"))]
+        known = [c for c in [*results.columns, *cells.columns] if not c.endswith("_path")
+                 and c.startswith(("val_", "passkey", "train_loss", "lm_", "acc_", "efflen_"))]
         raise UserError(f"--metric {metric}: the pilot {pilot} has no such column; choose one of "
-                        f"{list(dict.fromkeys(known))}")
+                        f"{list(dict.fromkeys(known))}, or an effective length (efflen_<task>, efflen_loss) where "
+                        "the pilot scored tasks or kept the loss by position")
     return cells
 
 
