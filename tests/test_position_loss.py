@@ -71,3 +71,73 @@ def test_an_evaluation_length_the_validation_split_cannot_supply_exits_2_and_wri
     largest = int(line.split("largest factor that fits is ")[1].split(":")[0])
     assert 4 <= largest < 100000
     assert not out.exists()
+
+
+def _brute_sliding(model, windows, context):
+    """Every position's loss with exactly its last min(p + 1, context) tokens as input, one forward each."""
+    import torch.nn.functional as F
+
+    seq = windows.shape[1] - 1
+    sums = np.zeros(seq)
+    for p in range(seq):
+        begin = max(0, p + 1 - context)
+        logits = model(windows[:, begin : p + 1])[:, -1]
+        sums[p] = F.cross_entropy(logits.float(), windows[:, p + 1], reduction="sum").item()
+    return sums
+
+
+@pytest.mark.parametrize("kind", ["rope", "alibi"])
+def test_sliding_loss_sees_at_most_the_train_length_and_equals_full_context_within_it(kind):
+    import contextlib
+
+    import torch
+
+    from trainer.evals.evaluate import position_loss, sliding_position_loss
+    from trainer.model.llama import Llama
+    from trainer.presets import load_config
+
+    cfg = load_config("tiny", ["model.max_seq_len=8", f"model.pe={{kind: {kind}}}"])
+    torch.manual_seed(0)
+    model = Llama(cfg.model).eval()
+    windows = torch.randint(0, cfg.model.vocab_size, (3, 25))  # 24 positions: 3x the context of 8
+    null = contextlib.nullcontext
+    with torch.no_grad():
+        brute = _brute_sliding(model, windows, 8)
+        one = sliding_position_loss(model, windows, 8, 1, 2, null)  # stride 1: every prediction sees exactly 8
+        assert np.allclose(one.sums, brute, rtol=1e-5, atol=1e-5) and (one.tokens == 3).all()
+        full = position_loss(model, windows, 2, null)
+        assert np.allclose(full.sums[:8], brute[:8], rtol=1e-5, atol=1e-5)  # within the context: the same
+        assert not np.allclose(full.sums[8:], brute[8:], rtol=1e-3)  # past it the full context differs
+        for stride in (3, 8):  # position p sees between 8 - stride + 1 and 8 tokens: chunk by chunk by hand
+            got = sliding_position_loss(model, windows, 8, stride, 3, null)
+            assert (got.tokens == 3).all() and np.allclose(got.sums[:8], brute[:8], rtol=1e-5, atol=1e-5)
+            done, want = 0, np.zeros(24)
+            for begin in range(0, 24, stride):
+                end = min(begin + 8, 24)
+                part = position_loss(model, windows[:, begin : end + 1], 3, null).sums
+                want[done:end] = part[done - begin :]
+                done = end
+                if end == 24:
+                    break
+            assert np.allclose(got.sums, want, rtol=1e-5, atol=1e-5)
+        short = torch.randint(0, cfg.model.vocab_size, (2, 9))  # the train length: one chunk, the full-context loss
+        assert np.allclose(sliding_position_loss(model, short, 8, 4, 2, null).sums,
+                           position_loss(model, short, 2, null).sums, rtol=1e-6, atol=1e-6)
+
+
+def test_sliding_loss_is_reported_per_extrapolation_factor_and_a_bad_stride_is_refused(tiny_cfg):
+    from hdrope.errors import UserError
+    from trainer.config import metric_names
+
+    cfg = tiny_cfg("train.steps=4", "eval.passkey.enabled=false", "eval.extrapolation=[2]",
+                   "eval.extrapolation_batches=1", "eval.windows=3", "eval.sliding_stride=32")
+    assert "val_loss_sw_x2" in metric_names(cfg)
+    r = train(cfg)
+    assert np.isfinite(r.metrics["val_loss_sw_x2"]) and r.metrics["val_loss_sw_x2"] != r.metrics["val_loss_x2"]
+    assert "val_loss_sw_x2" in (r.run_dir / "result.json").read_text()
+    before = config_hash(tiny_cfg())
+    assert config_hash(tiny_cfg("eval.sliding_stride=0")) == before  # off: stored runs keep their hashes
+    with pytest.raises(UserError, match=r"eval.sliding_stride=65: .*model.max_seq_len=64.*e.g. 32"):
+        tiny_cfg("eval.sliding_stride=65")
+    with pytest.raises(UserError, match=r"eval\.sliding_stride=-1"):
+        tiny_cfg("eval.sliding_stride=-1")

@@ -188,8 +188,8 @@ def test_factor_tags_and_config_defaults_keep_hashes():
     from trainer.presets import load_config
 
     assert config_errors(RunConfig()) == []
-    shipped = load_config("tasks_compact")  # the pilot's design: copy (learned in every seed) and niah_single
-    assert shipped.data.tasks == ["copy", "niah_single"] and shipped.data.task_ratio == 1.0
+    shipped = load_config("tasks_compact")  # the pilot's design: copy and reverse, learned in every seed tried
+    assert shipped.data.tasks == ["copy", "reverse"] and shipped.data.task_ratio == 1.0
     assert shipped.data.task_params.key_set == "symbols"
     from trainer.config import _new_settings_at_default, config_hash
 

@@ -47,6 +47,7 @@ __all__ = [
     "flatten_config",
     "metric_names",
     "name_problem",
+    "sliding_metric",
     "validate_config",
     "validation_windows",
 ]
@@ -72,11 +73,18 @@ def task_metric(kind: str, task: str, factor: float) -> str:
     return f"{kind}_{task}_x{factor_tag(factor)}"
 
 
+def sliding_metric(factor: int) -> str:
+    """The name of the strided (sliding-window) loss at `factor` times the train length, e.g. 'val_loss_sw_x4'."""
+    return f"val_loss_sw_x{factor}"
+
+
 def metric_names(cfg: RunConfig) -> list[str]:
     """Every metric a run of cfg reports, in a stable order (extrapolation, passkey and tasks as configured)."""
     names = list(BASE_METRICS)
     if cfg.eval.extrapolation_batches > 0:
         names += [f"val_loss_x{f}" for f in cfg.eval.extrapolation]
+        if cfg.eval.sliding_stride:
+            names += [sliding_metric(f) for f in cfg.eval.extrapolation]
     if cfg.eval.passkey.enabled:
         names.append("passkey_acc")
     if cfg.data.tasks and cfg.eval.tasks.enabled:
@@ -187,6 +195,10 @@ class EvalConfig:
     windows: int = field(default=0, metadata=NEW_SETTING)
     position_bins: int = field(default=64, metadata=NEW_SETTING)  # loss-by-position bins per evaluated length
     position_spacing: str = field(default="linear", metadata=NEW_SETTING)  # a key of POSITION_SPACINGS
+    # 0: off. Else at each extrapolation factor also val_loss_sw_x<f>, the loss of the same windows when no prediction
+    # sees more than the train length (chunks of the train length every sliding_stride tokens): the floor a model
+    # that ignores context past the train length reaches, beside val_loss_x<f> (docs/length-generalisation.md)
+    sliding_stride: int = field(default=0, metadata=NEW_SETTING)
 
 
 def validation_windows(e: EvalConfig, factor: int = 1) -> int:
@@ -363,7 +375,11 @@ def config_errors(cfg: RunConfig) -> list[str]:
     if t.device not in ("auto", "cpu", "cuda"):
         errors.append(f"train.device={t.device!r}: choose auto, cpu or cuda")
     _positive(errors, e, "eval", ("val_batches", "batch_size"))
-    _positive(errors, e, "eval", ("extrapolation_batches", "windows"), True)
+    _positive(errors, e, "eval", ("extrapolation_batches", "windows", "sliding_stride"), True)
+    if isinstance(e.sliding_stride, int) and e.sliding_stride > cfg.model.max_seq_len:
+        errors.append(f"eval.sliding_stride={e.sliding_stride}: must be at most the train length "
+                      f"model.max_seq_len={cfg.model.max_seq_len} (a stride past it leaves tokens unscored), e.g. "
+                      f"{max(1, cfg.model.max_seq_len // 2)}")
     _positive(errors, e, "eval", ("position_bins",))
     if e.position_spacing not in POSITION_SPACINGS:
         errors.append(f"eval.position_spacing={e.position_spacing!r}: choose one of {', '.join(POSITION_SPACINGS)}")

@@ -11,14 +11,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from trainer.config import EvalConfig, validation_windows
+from trainer.config import EvalConfig, sliding_metric, validation_windows
 from trainer.data.batches import val_windows
 from trainer.data.passkey_prompt import PasskeyPrompter, first_integer, stop_after_number
 from trainer.evals.position_loss import PositionLoss
 from trainer.model.generate import greedy_generate
 from trainer.model.llama import Llama
 
-__all__ = ["Autocast", "PasskeyResult", "Validation", "evaluate_passkey", "evaluate_validation", "position_loss"]
+__all__ = ["Autocast", "PasskeyResult", "Validation", "evaluate_passkey", "evaluate_validation", "position_loss",
+           "sliding_position_loss"]
 
 Autocast = Callable[[], contextlib.AbstractContextManager]  # makes a fresh precision context per use
 
@@ -35,6 +36,32 @@ def position_loss(model: Llama, windows: torch.Tensor, batch_size: int, autocast
             logits = model(chunk[:, :-1])
         loss = F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten(), reduction="none")
         sums += loss.view(len(chunk), seq).double().sum(0)
+    return PositionLoss(sums.cpu().numpy(), np.full(seq, len(windows), dtype=np.int64))
+
+
+@torch.no_grad()
+def sliding_position_loss(model: Llama, windows: torch.Tensor, context: int, stride: int, batch_size: int,
+                          autocast: Autocast) -> PositionLoss:
+    """Next-token loss of windows of (count, seq + 1) tokens, summed per position, when no prediction sees more than
+    `context` tokens: the strided (sliding-window) loss. Chunks of `context` tokens start every `stride` tokens; each
+    scores only the positions its predecessor did not, so position p sees between context - stride + 1 and
+    context tokens (all p + 1 tokens while p < context)."""
+    device = next(model.parameters()).device
+    seq = windows.shape[1] - 1
+    sums = torch.zeros(seq, dtype=torch.float64, device=device)
+    for i in range(0, len(windows), batch_size):
+        batch = windows[i : i + batch_size].to(device)
+        done = 0
+        for begin in range(0, seq, stride):
+            end = min(begin + context, seq)
+            with autocast():
+                logits = model(batch[:, begin:end])[:, done - begin :]
+            loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, done + 1 : end + 1].flatten(),
+                                   reduction="none")
+            sums[done:end] += loss.view(len(batch), end - done).double().sum(0)
+            done = end
+            if end == seq:
+                break
     return PositionLoss(sums.cpu().numpy(), np.full(seq, len(windows), dtype=np.int64))
 
 
@@ -56,7 +83,9 @@ def evaluate_validation(
     extrapolate: bool = True,
 ) -> Validation:
     """val_loss and val_bpb at the train length, val_loss_x{f} at f times it when extrapolate; each the
-    token-weighted mean of the loss by position of the same windows (`validation_windows` of them)."""
+    token-weighted mean of the loss by position of the same windows (`validation_windows` of them). With
+    eval.sliding_stride set, also val_loss_sw_x{f}: the same windows' loss when no prediction sees more than the
+    train length (`sliding_position_loss`)."""
     was_training = model.training
     model.eval()
     try:
@@ -69,6 +98,9 @@ def evaluate_validation(
                 windows = val_windows(val_tokens, seq_len * f, validation_windows(cfg, f))
                 by_position[f] = position_loss(model, windows, max(1, cfg.batch_size // f), autocast)
                 out[f"val_loss_x{f}"] = by_position[f].mean
+                if cfg.sliding_stride:
+                    out[sliding_metric(f)] = sliding_position_loss(model, windows, seq_len, cfg.sliding_stride,
+                                                                   cfg.batch_size, autocast).mean
     finally:
         model.train(was_training)
     return Validation(out, by_position)

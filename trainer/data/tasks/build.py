@@ -46,7 +46,8 @@ class TaskBuilder:
     """Builds examples of the registered tasks for one tokenizer, task_params and filler token stream."""
 
     def __init__(self, tok: Tokenizer, params: TaskParams, filler: np.ndarray) -> None:
-        self.tok, self.params, self.filler = tok, params, filler
+        # a plain ndarray view of the split (no copy): slicing a memmap costs more than the rest of a draw
+        self.tok, self.params, self.filler = tok, params, np.asarray(filler)
         symbols = dict.fromkeys((*MARKERS, *DIGITS, *(k for keys in KEY_SETS.values() for k in keys)))
         self._ids = {s: tok.encode(s) for s in symbols}
         self._widest = max(len(ids) for ids in self._ids.values())
