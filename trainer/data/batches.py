@@ -74,7 +74,7 @@ class TrainBatches:
         if batch_size % world_size:
             raise UserError(f"train.batch_size={batch_size} does not split evenly over {world_size} workers; "
                             f"use a multiple of {world_size} or another number of workers")
-        # a plain ndarray view of the stream (no copy): a memmap's slicing is several times slower per row
+        # a plain ndarray view of the stream (no copy): a memmap runs Python code on every row's slice
         self.tokens, self.seq_len, self.batch_size, self.seed = np.asarray(tokens), seq_len, batch_size, seed
         self.mixture = [(share, source) for share, source in mixture or [] if share > 0]
         self.edges = np.cumsum([share for share, _ in self.mixture])

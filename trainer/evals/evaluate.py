@@ -24,19 +24,10 @@ __all__ = ["Autocast", "PasskeyResult", "Validation", "evaluate_passkey", "evalu
 Autocast = Callable[[], contextlib.AbstractContextManager]  # makes a fresh precision context per use
 
 
-@torch.no_grad()
 def position_loss(model: Llama, windows: torch.Tensor, batch_size: int, autocast: Autocast) -> PositionLoss:
     """Next-token cross-entropy (nats) of windows of (count, seq + 1) tokens, summed per position in one pass."""
-    device = next(model.parameters()).device
     seq = windows.shape[1] - 1
-    sums = torch.zeros(seq, dtype=torch.float64, device=device)
-    for i in range(0, len(windows), batch_size):
-        chunk = windows[i : i + batch_size].to(device)
-        with autocast():
-            logits = model(chunk[:, :-1])
-        loss = F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten(), reduction="none")
-        sums += loss.view(len(chunk), seq).double().sum(0)
-    return PositionLoss(sums.cpu().numpy(), np.full(seq, len(windows), dtype=np.int64))
+    return sliding_position_loss(model, windows, seq, seq, batch_size, autocast)  # one chunk: the full context
 
 
 @torch.no_grad()

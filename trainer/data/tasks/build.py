@@ -46,7 +46,7 @@ class TaskBuilder:
     """Builds examples of the registered tasks for one tokenizer, task_params and filler token stream."""
 
     def __init__(self, tok: Tokenizer, params: TaskParams, filler: np.ndarray) -> None:
-        # a plain ndarray view of the split (no copy): slicing a memmap costs more than the rest of a draw
+        # a plain ndarray view of the split (no copy): a memmap runs Python code on every slice of every draw
         self.tok, self.params, self.filler = tok, params, np.asarray(filler)
         symbols = dict.fromkeys((*MARKERS, *DIGITS, *(k for keys in KEY_SETS.values() for k in keys)))
         self._ids = {s: tok.encode(s) for s in symbols}
