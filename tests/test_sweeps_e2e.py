@@ -113,7 +113,10 @@ def mlflow_server(tmp_path_factory):
 
 
 def test_local_grid_logs_one_run_per_cell_to_a_real_mlflow_server(tmp_path, cache_dir, mlflow_server):
-    spec = write_spec(tmp_path, "e2e", uri=mlflow_server)
+    # task windows in the batches (made by a producer process forked in each Ray trial) and the strided loss
+    extra = {"data.tasks": "[copy]", "data.task_ratio": 0.5, "eval.tasks.samples": 4,
+             "eval.tasks.length_factors": "[1, 2]", "eval.sliding_stride": 32}
+    spec = write_spec(tmp_path, "e2e", uri=mlflow_server, extra=extra)
     out = hdrope("sweep", "run", str(spec), cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     # before Ray: the plan summary and an estimate; during: one line per trial event with step of total and ETA
@@ -148,6 +151,12 @@ def test_local_grid_logs_one_run_per_cell_to_a_real_mlflow_server(tmp_path, cach
 
     table = pq.read_table(tmp_path / "store" / "e2e" / "results.parquet").to_pylist()
     assert len(table) == 4 and all(r["status"] == "FINISHED" and r["val_loss"] for r in table)
+    # the task accuracy and the strided loss reach result.json, MLflow and results.parquet as the same numbers
+    row = next(r for r in table if r["cell_id"] == "c003-rotation_dim4-basispaley")
+    done = json.loads((tmp_path / "store" / "e2e" / "cells" / row["cell_id"] / "result.json").read_text())["metrics"]
+    for name in ("acc_copy_x1", "acc_copy_x2", "n_copy_x2", "val_loss_sw_x2", "val_loss_sw_x8"):
+        assert done[name] is not None and paley.data.metrics[name] == row[name] == done[name], name
+    assert done["n_copy_x2"] == 4 and done["val_loss_sw_x8"] != done["val_loss_x8"]
     status = hdrope("sweep", "status", "e2e", "--storage", str(tmp_path / "store"), cwd=tmp_path)
     assert status.returncode == 0 and "FINISHED 4" in status.stdout
 

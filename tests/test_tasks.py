@@ -111,6 +111,23 @@ def test_the_mixture_is_reproducible_and_takes_its_share():
     assert max(packed) >= 2  # examples are packed back to back while the next one fits
 
 
+def test_the_draws_are_pinned():
+    """The stored studies were trained and scored on these exact examples: a faster generator must draw the same
+    ones (this digest was taken before the speed work), or come as a NEW_SETTING."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for key_set in ("letters", "symbols"):
+        builder = TaskBuilder(ByteTokenizer(), TaskParams(keys=7, key_set=key_set), FILLER)
+        batches = TrainBatches(FILLER, 96, 16, 42, [(0.75, TaskMixture(builder, sorted(TASKS)))])
+        for step in range(8):
+            digest.update(batches.rows(step).tobytes())
+        for task in sorted(TASKS):
+            ex = builder.build(task, 80, np.random.default_rng([7, len(task)]))
+            digest.update(repr((ex.prompt, ex.answer, ex.params_json)).encode())
+    assert digest.hexdigest()[:16] == "cfff2a90ec689c24"
+
+
 def test_a_task_that_does_not_fit_names_the_largest_size_that_does():
     builder = TaskBuilder(ByteTokenizer(), TaskParams(k=8, q=2, value_digits=1), FILLER)
     need = builder.smallest("mqar")  # { 8 pairs } ? 2 keys : and 2 values
@@ -203,6 +220,7 @@ def test_factor_tags_and_config_defaults_keep_hashes():
 def test_the_tasks_bench_measures_both_steps_and_the_evaluation(cache_dir):
     from trainer.evals.tasks_bench import run_tasks_bench
 
-    r = run_tasks_bench("tiny", 0.5, 2, [f"data.cache_dir={cache_dir}", "eval.tasks.samples=2"])
+    r = run_tasks_bench("tiny", 0.5, 2, [f"data.cache_dir={cache_dir}", "eval.tasks.samples=2"], block=2)
     assert r["tasks"] == ["mqar", "copy"] and r["longest_factor"] == 8
     assert r["lm_step_ms"] > 0 and r["task_step_ms"] > 0 and 0 < r["eval_longest_share"] < r["eval_all_share"] < 1
+    assert r["inline_step_ms"] > 0 and r["task_producer"] == ("process" if sys.platform.startswith("linux") else "inline")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hdrope.errors import UserError
+from trainer.data.batch_stream import PRODUCERS
 from trainer.data.tasks.registry import TASKS
 from trainer.data.tasks.spec import KEY_SETS, TaskParams
 from trainer.data.tokenizer import tokenizer_hash_key
@@ -96,7 +97,8 @@ def metric_names(cfg: RunConfig) -> list[str]:
 SEED_MAX = 2**32 - 1  # train.seed seeds python, numpy (which takes [0, 2**32 - 1]) and torch
 
 # Keys that say where or how verbosely a run writes, not what it computes.
-_NON_SEMANTIC = ("train.out_dir", "train.log_every", "train.threads", "train.progress", "data.cache_dir")
+_NON_SEMANTIC = ("train.out_dir", "train.log_every", "train.threads", "train.batch_producer", "train.progress",
+                 "data.cache_dir")
 
 
 @dataclass
@@ -153,6 +155,7 @@ class TrainConfig:
     compile: bool | None = None  # torch.compile the model; None: on CUDA, not on CPU (compile time > gain there)
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # 0: leave torch's default
+    batch_producer: str = "auto"  # a key of trainer.data.batch_stream PRODUCERS: who makes the (same) batches
     max_time_s: float = 0.0  # 0: no wall-clock budget
     peak_tflops: float = 0.0  # 0: measure matmul throughput once for the MFU estimate
     progress: bool = False
@@ -374,6 +377,8 @@ def config_errors(cfg: RunConfig) -> list[str]:
         errors.append(f"train.dtype={t.dtype!r}: choose auto, fp32 or bf16")
     if t.device not in ("auto", "cpu", "cuda"):
         errors.append(f"train.device={t.device!r}: choose auto, cpu or cuda")
+    if t.batch_producer not in PRODUCERS:
+        errors.append(f"train.batch_producer={t.batch_producer!r}: choose one of {', '.join(PRODUCERS)}")
     _positive(errors, e, "eval", ("val_batches", "batch_size"))
     _positive(errors, e, "eval", ("extrapolation_batches", "windows", "sliding_stride"), True)
     if isinstance(e.sliding_stride, int) and e.sliding_stride > cfg.model.max_seq_len:

@@ -78,10 +78,14 @@ class TrainBatches:
         self.tokens, self.seq_len, self.batch_size, self.seed = np.asarray(tokens), seq_len, batch_size, seed
         self.mixture = [(share, source) for share, source in mixture or [] if share > 0]
         self.edges = np.cumsum([share for share, _ in self.mixture])
-        per_rank = batch_size // world_size
-        self.rows = slice(rank * per_rank, (rank + 1) * per_rank)
+        self.rows_per_rank = batch_size // world_size
+        self.rank_rows = slice(rank * self.rows_per_rank, (rank + 1) * self.rows_per_rank)
 
     def get(self, step: int, micro: int = 0) -> torch.Tensor:
+        """This rank's rows of micro-batch `micro` of optimizer step `step`, as a tensor."""
+        return torch.from_numpy(self.rows(step, micro))
+
+    def rows(self, step: int, micro: int = 0) -> np.ndarray:
         """This rank's rows of micro-batch `micro` of optimizer step `step`."""
         rng = np.random.default_rng([self.seed, step, micro])
         n = self.seq_len + 1
@@ -91,7 +95,7 @@ class TrainBatches:
             which = np.searchsorted(self.edges, rng.random(self.batch_size), side="right")
             for i in np.flatnonzero(which < len(self.mixture)):
                 self.mixture[which[i]][1].fill(out[i], rng)
-        return torch.from_numpy(out[self.rows])
+        return out[self.rank_rows]
 
 
 def val_windows(tokens: np.ndarray, seq_len: int, count: int) -> torch.Tensor:

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from hdrope.errors import UserError
 from trainer.config import RunConfig, config_hash, flatten_config, validate_config
+from trainer.data.batch_stream import BatchStream
 from trainer.data.batches import TrainBatches, check_factors, check_length, to_device, val_windows
 from trainer.data.corpus import load_corpus
 from trainer.data.passkey_prompt import PasskeyPrompter
@@ -221,6 +222,7 @@ class _Run:
             mixture.append((cfg.data.task_ratio, TaskMixture(self.data.task_builder(cfg, "train"), cfg.data.tasks)))
         self.batches = TrainBatches(self.data.tokens.train, cfg.model.max_seq_len, cfg.train.batch_size,
                                     cfg.train.seed, mixture, self.world.rank, self.world.size)
+        self.stream = BatchStream(self.batches, 0, 0, cfg.train.grad_accum, "inline")  # train() opens the real one
         self.losses: list[float] = []  # per-step training loss, settled (read back from the device)
         self.pending: list[torch.Tensor] = []  # losses of the steps since, still on the device
         self.step = 0
@@ -281,7 +283,7 @@ class _Run:
             group["lr"] = lr
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         for micro in range(cfg.train.grad_accum):
-            batch = to_device(self.batches.get(self.step, micro), self.device)
+            batch = to_device(torch.from_numpy(self.stream.get(self.step, micro)), self.device)
             with no_sync(self.parallel, sync=micro == cfg.train.grad_accum - 1):  # all-reduce once per step
                 with self.autocast():
                     logits = self.forward(batch[:, :-1])
@@ -385,35 +387,37 @@ def _train(run: _Run) -> TrainResult:
     fpt = flops_per_token(cfg.model, cfg.model.max_seq_len)
     t_start = window_t = time.perf_counter()
     window_steps, stop_reason = 0, "completed"
-    while run.step < t.steps:
-        t0 = time.perf_counter()
-        lr = run.train_step()
-        run.step_metrics = {}
-        run.train_seconds += time.perf_counter() - t0
-        run.steps_here += 1
-        window_steps += 1
-        step = run.step
-        metrics: dict[str, float] = {}
-        if (t.log_every and step % t.log_every == 0) or step == t.steps:
-            run.settle()
-            elapsed = time.perf_counter() - window_t
-            tps = tokens_per_step * window_steps / max(elapsed, 1e-9)
-            metrics = {"train_loss": float(np.mean(run.losses[-window_steps:])), "lr": lr, "tokens_per_s": tps,
-                       "mfu": tps * fpt / (peak_flops(run.device, run.amp_dtype, t.peak_tflops) * run.world.size)}
-            window_steps, window_t = 0, time.perf_counter()
-        if t.eval_every and step % t.eval_every == 0 and step < t.steps:
-            run.sync(with_optimizer=False)
-            if run.world.main:
-                metrics.update(run.validation(extrapolate=False).metrics)
-        run.emit(metrics)
-        out_of_time = t.max_time_s > 0 and time.perf_counter() - t_start > t.max_time_s
-        if t.max_time_s > 0:
-            out_of_time = broadcast_from_main(out_of_time, run.world)  # every worker stops at rank 0's step
-        if (t.ckpt_every and step % t.ckpt_every == 0 and step < t.steps) or out_of_time:
-            run.checkpoint()
-        if out_of_time:
-            stop_reason = "max_time"
-            break
+    # the batches of the steps left, made in a producer process when train.batch_producer says so (the same ones)
+    with BatchStream(run.batches, run.step, t.steps, t.grad_accum, t.batch_producer) as run.stream:
+        while run.step < t.steps:
+            t0 = time.perf_counter()
+            lr = run.train_step()
+            run.step_metrics = {}
+            run.train_seconds += time.perf_counter() - t0
+            run.steps_here += 1
+            window_steps += 1
+            step = run.step
+            metrics: dict[str, float] = {}
+            if (t.log_every and step % t.log_every == 0) or step == t.steps:
+                run.settle()
+                elapsed = time.perf_counter() - window_t
+                tps = tokens_per_step * window_steps / max(elapsed, 1e-9)
+                metrics = {"train_loss": float(np.mean(run.losses[-window_steps:])), "lr": lr, "tokens_per_s": tps,
+                           "mfu": tps * fpt / (peak_flops(run.device, run.amp_dtype, t.peak_tflops) * run.world.size)}
+                window_steps, window_t = 0, time.perf_counter()
+            if t.eval_every and step % t.eval_every == 0 and step < t.steps:
+                run.sync(with_optimizer=False)
+                if run.world.main:
+                    metrics.update(run.validation(extrapolate=False).metrics)
+            run.emit(metrics)
+            out_of_time = t.max_time_s > 0 and time.perf_counter() - t_start > t.max_time_s
+            if t.max_time_s > 0:
+                out_of_time = broadcast_from_main(out_of_time, run.world)  # every worker stops at rank 0's step
+            if (t.ckpt_every and step % t.ckpt_every == 0 and step < t.steps) or out_of_time:
+                run.checkpoint()
+            if out_of_time:
+                stop_reason = "max_time"
+                break
     run.settle()
     run.sync(with_optimizer=True)  # the final checkpoint's state, on rank 0
     if not run.world.main:  # rank 0 alone evaluates and writes the final checkpoint and result

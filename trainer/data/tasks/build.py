@@ -65,6 +65,15 @@ class TaskBuilder:
 
     def build(self, task: str, length: int, rng: np.random.Generator) -> TaskExample:
         """An example of `task` whose prompt + answer is exactly `length` tokens, filler from a random place."""
+        out = np.empty(length, dtype=np.int64)
+        lay = self._place(task, out, rng)
+        depths = [round(o / lay.room, 4) if lay.room else 0.0 for o in lay.offsets]
+        cut = length - lay.answer_len
+        return TaskExample(task, out[:cut].tolist(), out[cut:].tolist(), {**lay.params, "depth": depths})
+
+    def _place(self, task: str, out: np.ndarray, rng: np.random.Generator) -> _Layout:
+        """Write an example of `task` filling all of `out` (its prompt, then its answer) in place; what was drawn."""
+        length = len(out)
         inst = TASKS[task].draw(self.params, rng)
         inserts = [self.ids(part) for part in inst.inserts]
         question, answer = self.ids(inst.question), self.ids(inst.answer)
@@ -76,16 +85,30 @@ class TaskBuilder:
             raise UserError(f"data.tasks: a {task} example of {length} tokens needs {room} filler tokens but the "
                             f"split holds {len(self.filler)}; lower eval.tasks.length_factors or use a larger corpus")
         start = int(rng.integers(0, len(self.filler) - room + 1))
-        filler = np.asarray(self.filler[start : start + room], dtype=np.int64).tolist()
-        offsets = np.sort(rng.integers(0, room + 1, size=len(inserts))).tolist()
-        prompt: list[int] = []
-        last = 0
-        for offset, ids in zip(offsets, inserts, strict=True):
-            prompt += filler[last:offset] + ids
+        # one insert: the scalar draw equals the size-1 array draw (value and generator state), at a third the cost
+        offsets = ([int(rng.integers(0, room + 1))] if len(inserts) == 1 else
+                   np.sort(rng.integers(0, room + 1, size=len(inserts))).tolist())
+        filler, at, last = self.filler[start : start + room], 0, 0
+        for offset, ids in zip(offsets, inserts, strict=True):  # filler up to the insert's offset, then the insert
+            out[at : at + offset - last] = filler[last:offset]
+            at += offset - last
+            out[at : at + len(ids)] = ids
+            at += len(ids)
             last = offset
-        prompt += filler[last:] + question
-        depths = [round(o / room, 4) if room else 0.0 for o in offsets]
-        return TaskExample(task, prompt, answer, {**inst.params, "depth": depths})
+        out[at : at + room - last] = filler[last:]
+        out[at + room - last :] = question + answer
+        return _Layout(inst.params, room, offsets, len(answer))
+
+
+@dataclass
+class _Layout:
+    """What placing an example drew beyond its instance: the instance's params, the filler tokens, the inserts'
+    offsets into the filler and the answer's token count."""
+
+    params: dict[str, Any]
+    room: int
+    offsets: list[int]
+    answer_len: int
 
 
 class TaskMixture:
@@ -106,8 +129,7 @@ class TaskMixture:
             if start and self.smallest[i] > room:
                 return
             length = int(rng.integers(min(self.smallest[i], room), room + 1))
-            ex = self.builder.build(self.tasks[i], length, rng)
-            row[start : start + length] = ex.prompt + ex.answer
+            self.builder._place(self.tasks[i], row[start : start + length], rng)
             start += length
 
 
