@@ -223,4 +223,5 @@ def test_the_tasks_bench_measures_both_steps_and_the_evaluation(cache_dir):
     r = run_tasks_bench("tiny", 0.5, 2, [f"data.cache_dir={cache_dir}", "eval.tasks.samples=2"], block=2)
     assert r["tasks"] == ["mqar", "copy"] and r["longest_factor"] == 8
     assert r["lm_step_ms"] > 0 and r["task_step_ms"] > 0 and 0 < r["eval_longest_share"] < r["eval_all_share"] < 1
-    assert r["inline_step_ms"] > 0 and r["task_producer"] == ("process" if sys.platform.startswith("linux") else "inline")
+    linux = sys.platform.startswith("linux")
+    assert r["inline_step_ms"] > 0 and r["task_producer"] == ("process" if linux else "inline")

@@ -12,8 +12,8 @@ Importing this module loads no torch (trainer.config imports it for the registry
 from __future__ import annotations
 
 import json
-import os
 import multiprocessing as mp
+import os
 import struct
 import sys
 import traceback
@@ -123,7 +123,7 @@ class BatchStream:
 
 def _produce(batches: TrainBatches, start: int, stop: int, accum: int, writer: Connection, reader: Connection) -> None:
     """The producer process: every batch from (start, 0) in order down the pipe, or the first error."""
-    os.nice(19)
+    os.nice(19)  # idle CPU only: when torch holds every core, the step waits for a batch rather than share a core
     reader.close()  # else this process's own copy keeps the pipe open after the training process is gone
     step = micro = 0
     try:

@@ -88,7 +88,8 @@ def run_tasks_bench(preset: str = "tasks_compact", ratio: float = 0.5, rounds: i
     every = _eval_seconds(model, cfg, data, factors)
     train_s = cfg.train.steps * ms["lm"] / 1e3
     return {"preset": preset, "tasks": list(cfg.data.tasks), "ratio": ratio, "batch": cfg.train.batch_size,
-            "seq_len": cfg.model.max_seq_len, "block": block, "threads": torch.get_num_threads(), "lm_step_ms": ms["lm"],
+            "seq_len": cfg.model.max_seq_len, "block": block, "threads": torch.get_num_threads(),
+            "lm_step_ms": ms["lm"],
             "task_step_ms": ms["tasks"], "step_ratio": ms["tasks"] / ms["lm"], "task_producer": tasks_producer,
             "inline_step_ms": ms["tasks_inline"], "inline_ratio": ms["tasks_inline"] / ms["lm"],
             "longest_factor": max(factors),
