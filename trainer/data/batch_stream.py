@@ -133,7 +133,7 @@ def _produce(batches: TrainBatches, start: int, stop: int, accum: int, writer: C
                 writer.send_bytes(_HEADER.pack(b"B", step, micro) + rows.tobytes())
     except (BrokenPipeError, ConnectionResetError):
         return  # the training process stopped reading (done early, out of time, or gone)
-    except Exception as err:
+    except Exception as err:  # any failure of a source: sent to the training process, which raises it
         error = {"user": isinstance(err, UserError), "message": str(err), "traceback": traceback.format_exc()}
         try:
             writer.send_bytes(_HEADER.pack(b"E", step, micro) + json.dumps(error).encode())
