@@ -136,3 +136,14 @@ def test_a_task_run_resumed_with_a_producer_process_continues_the_inline_run_exa
     assert resumed.resumed_from == 6
     assert resumed.losses == whole.losses  # bitwise, step by step
     assert resumed.metrics["acc_copy_x1"] == whole.metrics["acc_copy_x1"]
+
+
+def test_a_trial_whose_torch_threads_take_every_allotted_core_makes_its_batches_inline(tiny_cfg):
+    from sweeps.trainable import trial_config
+
+    def producer(cpus: float, *overrides: str) -> str:
+        return trial_config(tiny_cfg(*overrides), cpus).train.batch_producer
+
+    assert producer(1, "train.threads=1") == producer(2, "train.threads=2") == producer(1) == "inline"
+    assert producer(2, "train.threads=1") == "auto"  # a core to spare: a producer process where auto picks one
+    assert producer(1, "train.threads=1", "train.batch_producer=process") == "process"  # the spec's choice stands

@@ -115,7 +115,7 @@ def mlflow_server(tmp_path_factory):
 def test_local_grid_logs_one_run_per_cell_to_a_real_mlflow_server(tmp_path, cache_dir, mlflow_server):
     # task windows in the batches (made by a producer process forked in each Ray trial) and the strided loss
     extra = {"data.tasks": "[copy]", "data.task_ratio": 0.5, "eval.tasks.samples": 4,
-             "eval.tasks.length_factors": "[1, 2]", "eval.sliding_stride": 32}
+             "eval.tasks.length_factors": "[1, 2]", "eval.sliding_stride": 32, "train.batch_producer": "process"}
     spec = write_spec(tmp_path, "e2e", uri=mlflow_server, extra=extra)
     out = hdrope("sweep", "run", str(spec), cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
