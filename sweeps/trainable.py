@@ -186,7 +186,7 @@ def trial_config(cfg: RunConfig, cpus: float) -> RunConfig:
     """The cell's config as a trial allotted `cpus` cores trains it: with `train.batch_producer=auto`, batches are
     made inline when torch's threads take every allotted core. Trials then share the machine's cores with other
     trials, and a producer process only takes CPU time from a sibling: two one-thread quickstart cells trained at
-    once on 2 cores gave 1-8% fewer tokens/s with it in four paired runs (docs/training.md)."""
+    once on 2 cores gave about 2% fewer tokens/s with it (docs/training.md)."""
     if cfg.train.batch_producer != "auto" or cpus > (cfg.train.threads or cpus):
         return cfg
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_producer="inline"))
