@@ -222,7 +222,9 @@ class _Run:
             mixture.append((cfg.data.task_ratio, TaskMixture(self.data.task_builder(cfg, "train"), cfg.data.tasks)))
         self.batches = TrainBatches(self.data.tokens.train, cfg.model.max_seq_len, cfg.train.batch_size,
                                     cfg.train.seed, mixture, self.world.rank, self.world.size)
-        self.stream = BatchStream(self.batches, 0, 0, cfg.train.grad_accum, "inline")  # train() opens the real one
+        # no steps yet, so no process: it checks train.batch_producer before the run writes anything (train() opens
+        # the stream of the steps to train)
+        self.stream = BatchStream(self.batches, 0, 0, cfg.train.grad_accum, cfg.train.batch_producer)
         self.losses: list[float] = []  # per-step training loss, settled (read back from the device)
         self.pending: list[torch.Tensor] = []  # losses of the steps since, still on the device
         self.step = 0

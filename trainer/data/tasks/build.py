@@ -66,13 +66,14 @@ class TaskBuilder:
     def build(self, task: str, length: int, rng: np.random.Generator) -> TaskExample:
         """An example of `task` whose prompt + answer is exactly `length` tokens, filler from a random place."""
         out = np.empty(length, dtype=np.int64)
-        lay = self._place(task, out, rng)
+        lay = self.place(task, out, rng)
         depths = [round(o / lay.room, 4) if lay.room else 0.0 for o in lay.offsets]
         cut = length - lay.answer_len
         return TaskExample(task, out[:cut].tolist(), out[cut:].tolist(), {**lay.params, "depth": depths})
 
-    def _place(self, task: str, out: np.ndarray, rng: np.random.Generator) -> _Layout:
-        """Write an example of `task` filling all of `out` (its prompt, then its answer) in place; what was drawn."""
+    def place(self, task: str, out: np.ndarray, rng: np.random.Generator) -> _Layout:
+        """Write an example of `task` filling all of `out` (its prompt, then its answer) in place, drawing what
+        `build` draws; what was drawn. The training mixture writes its rows with it."""
         length = len(out)
         inst = TASKS[task].draw(self.params, rng)
         inserts = [self.ids(part) for part in inst.inserts]
@@ -102,8 +103,8 @@ class TaskBuilder:
 
 @dataclass
 class _Layout:
-    """What placing an example drew beyond its instance: the instance's params, the filler tokens, the inserts'
-    offsets into the filler and the answer's token count."""
+    """What placing an example drew beyond its instance: the instance's params, the number of filler tokens, the
+    inserts' offsets into the filler and the answer's token count."""
 
     params: dict[str, Any]
     room: int
@@ -129,7 +130,7 @@ class TaskMixture:
             if start and self.smallest[i] > room:
                 return
             length = int(rng.integers(min(self.smallest[i], room), room + 1))
-            self.builder._place(self.tasks[i], row[start : start + length], rng)
+            self.builder.place(self.tasks[i], row[start : start + length], rng)
             start += length
 
 
