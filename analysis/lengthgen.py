@@ -8,9 +8,11 @@
   train length:
   - accuracy: the longest evaluated factor up to which the accuracy stays at or above the rule's threshold
     (`AccuracyRule`; default: half the seed's own 1x accuracy);
-  - loss: from position_loss.parquet at the longest factor, the first position past the train length whose binned
-    loss exceeds the in-distribution level (the token-weighted mean over positions [L/2, L)) by more than the
-    tolerance; a curve that never does is censored at its window length.
+  - loss: `analysis.loss_length`: from position_loss.parquet at the longest factor, the first bin past the train
+    length where the same tokens' full-context loss exceeds their train-length-context loss by more than the
+    tolerance beyond its noise; censored at the window length when none does; nan when the model never learned to
+    use context or the file predates the paired columns. `loss_effective_length` is the unpaired rule it replaced
+    (issue 33: it reads text noise), kept to show what it returned.
 """
 
 from __future__ import annotations
@@ -24,15 +26,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from trainer.evals.position_loss import POSITION_LOSS_FILE, read_position_loss
+from analysis.loss_length import loss_reading
+from trainer.evals.position_loss import PAIRED_COLUMNS, POSITION_LOSS_FILE, POSITION_LOSS_SCHEMA, read_position_loss
 
 __all__ = ["ACC_METRIC", "DEFAULT_RULE", "LEARNED_THRESHOLD", "LOSS_TOLERANCE", "AccuracyRule", "accuracy_counts",
-           "effective_length", "is_task_metric", "learned_table", "loss_effective_length", "position_losses",
+           "effective_length", "is_task_metric", "learned_table", "loss_effective_length", "loss_readings",
+           "position_losses",
            "task_metrics", "with_effective_lengths"]
 
 ACC_METRIC = re.compile(r"^acc_(?P<task>.+)_x(?P<tag>[0-9]+(?:\.[0-9]+)?)$")
 LEARNED_THRESHOLD = 0.9  # 1x exact match a task must reach before its lengths say anything (issue 25)
-LOSS_TOLERANCE = 0.1  # nats above the in-distribution level: ~7x the compact seed spread of val_loss (NOTES §10)
+LOSS_TOLERANCE = 0.1  # nats the full context may cost over the train length's on the same tokens
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,8 @@ def effective_length(factors: Sequence[float], accuracies: Sequence[float], rule
 
 def loss_effective_length(positions: Sequence[int], losses: Sequence[float], tokens: Sequence[int],
                           train_length: int, length: int, tolerance: float = LOSS_TOLERANCE) -> float:
-    """In multiples of train_length L: where the binned loss (bins by first position, over windows of `length`
+    """The unpaired rule (replaced by `analysis.loss_length`; it reads text noise, issue 33). In multiples of
+    train_length L: where the binned loss (bins by first position, over windows of `length`
     positions) first exceeds its in-distribution level (token-weighted mean over bins starting in [L/2, L)) by more
     than tolerance, past the train length; length / L (censored) when it never does; nan without in-distribution
     bins."""
@@ -134,15 +139,25 @@ def learned_table(cells: pd.DataFrame, threshold: float = LEARNED_THRESHOLD) -> 
 
 
 def position_losses(cells: pd.DataFrame) -> pd.DataFrame:
-    """The loss-by-position rows of every cell that has them, with the cell's row index as `cell`."""
+    """The loss-by-position rows of every cell that has them, with the cell's row index as `cell` (the paired
+    columns nan where a file predates them)."""
     frames = []
     for idx, run_dir in cells["run_dir"].items():
         path = Path(run_dir) / POSITION_LOSS_FILE
         if path.is_file():
-            t = read_position_loss(path).to_pandas()[["length_factor", "length", "position", "loss", "tokens"]]
+            t = read_position_loss(path).to_pandas()
+            t = t.reindex(columns=[*POSITION_LOSS_SCHEMA.names, *PAIRED_COLUMNS])  # version 1 files: paired nan
             frames.append(t.assign(cell=idx))
-    cols = ["length_factor", "length", "position", "loss", "tokens", "cell"]
+    cols = [*POSITION_LOSS_SCHEMA.names, *PAIRED_COLUMNS, "cell"]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
+
+
+def loss_readings(cells: pd.DataFrame, tolerance: float = LOSS_TOLERANCE) -> pd.DataFrame:
+    """value (the loss effective length, × train length) and reason per cell that kept a loss by position, indexed
+    like cells (`analysis.loss_length.loss_reading`)."""
+    rows = {idx: loss_reading(g, tolerance) for idx, g in position_losses(cells).groupby("cell")}
+    return pd.DataFrame({"value": [r.value for r in rows.values()], "reason": [r.reason for r in rows.values()]},
+                        index=list(rows), columns=["value", "reason"])
 
 
 def with_effective_lengths(cells: pd.DataFrame, rule: AccuracyRule = DEFAULT_RULE,
@@ -163,13 +178,7 @@ def with_effective_lengths(cells: pd.DataFrame, rule: AccuracyRule = DEFAULT_RUL
             values.append(effective_length(list(by_factor), accs, rule) if (row["variant"], theta) in keep
                           else math.nan)
         out[f"efflen_{task}"] = values
-    rows = position_losses(cells)
-    loss = pd.Series(math.nan, index=cells.index)
-    for idx, g in rows.groupby("cell"):
-        longest = g[g["length_factor"] == g["length_factor"].max()]
-        train_length = round(int(longest["length"].iloc[0]) / float(longest["length_factor"].iloc[0]))
-        loss[idx] = loss_effective_length(longest["position"], longest["loss"], longest["tokens"], train_length,
-                                          int(longest["length"].iloc[0]), tolerance)
-    if len(rows):
-        out["efflen_loss"] = loss
+    readings = loss_readings(cells, tolerance)
+    if len(readings):
+        out["efflen_loss"] = readings["value"].reindex(cells.index)
     return out

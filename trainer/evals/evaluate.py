@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 from trainer.config import EvalConfig, sliding_metric, validation_windows
 from trainer.data.batches import val_windows
 from trainer.data.passkey_prompt import PasskeyPrompter, first_integer, stop_after_number
+from trainer.evals.paired_loss import unigram_surprisal
 from trainer.evals.position_loss import PositionLoss
 from trainer.model.generate import greedy_generate
 from trainer.model.llama import Llama
@@ -25,9 +27,11 @@ Autocast = Callable[[], contextlib.AbstractContextManager]  # makes a fresh prec
 
 
 def position_loss(model: Llama, windows: torch.Tensor, batch_size: int, autocast: Autocast) -> PositionLoss:
-    """Next-token cross-entropy (nats) of windows of (count, seq + 1) tokens, summed per position in one pass."""
+    """Next-token cross-entropy (nats) of windows of (count, seq + 1) tokens, summed per position in one pass, with
+    each target's surprisal under the windows' own unigram distribution beside it."""
     seq = windows.shape[1] - 1
-    return sliding_position_loss(model, windows, seq, seq, batch_size, autocast)  # one chunk: the full context
+    full = sliding_position_loss(model, windows, seq, seq, batch_size, autocast)  # one chunk: the full context
+    return dataclasses.replace(full, unigram=unigram_surprisal(windows[:, 1:].numpy()))
 
 
 @torch.no_grad()
@@ -40,6 +44,7 @@ def sliding_position_loss(model: Llama, windows: torch.Tensor, context: int, str
     device = next(model.parameters()).device
     seq = windows.shape[1] - 1
     sums = torch.zeros(seq, dtype=torch.float64, device=device)
+    per_window = torch.zeros(len(windows), seq, dtype=torch.float64)
     for i in range(0, len(windows), batch_size):
         batch = windows[i : i + batch_size].to(device)
         done = 0
@@ -49,19 +54,24 @@ def sliding_position_loss(model: Llama, windows: torch.Tensor, context: int, str
                 logits = model(batch[:, begin:end])[:, done - begin :]
             loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, done + 1 : end + 1].flatten(),
                                    reduction="none")
-            sums[done:end] += loss.view(len(batch), end - done).double().sum(0)
+            loss = loss.view(len(batch), end - done).double()
+            sums[done:end] += loss.sum(0)
+            per_window[i : i + len(batch), done:end] = loss.cpu()
             done = end
             if end == seq:
                 break
-    return PositionLoss(sums.cpu().numpy(), np.full(seq, len(windows), dtype=np.int64))
+    return PositionLoss(sums.cpu().numpy(), np.full(seq, len(windows), dtype=np.int64), per_window.numpy())
 
 
 @dataclass
 class Validation:
-    """The validation metrics and, per length factor, the loss by position they were averaged from."""
+    """The validation metrics and, per length factor, the loss by position they were averaged from; `limited`: per
+    extrapolation factor, the same windows' loss when no prediction sees more than the train length (with
+    eval.sliding_stride set)."""
 
     metrics: dict[str, float]
     by_position: dict[int, PositionLoss] = field(default_factory=dict)
+    limited: dict[int, PositionLoss] = field(default_factory=dict)
 
 
 def evaluate_validation(
@@ -84,17 +94,19 @@ def evaluate_validation(
                                         cfg.batch_size, autocast)}
         loss = by_position[1].mean
         out = {"val_loss": loss, "val_bpb": loss / math.log(2) / bytes_per_token}
+        limited: dict[int, PositionLoss] = {}
         if extrapolate and cfg.extrapolation_batches > 0:
             for f in cfg.extrapolation:
                 windows = val_windows(val_tokens, seq_len * f, validation_windows(cfg, f))
                 by_position[f] = position_loss(model, windows, max(1, cfg.batch_size // f), autocast)
                 out[f"val_loss_x{f}"] = by_position[f].mean
                 if cfg.sliding_stride:
-                    out[sliding_metric(f)] = sliding_position_loss(model, windows, seq_len, cfg.sliding_stride,
-                                                                   cfg.batch_size, autocast).mean
+                    limited[f] = sliding_position_loss(model, windows, seq_len, cfg.sliding_stride, cfg.batch_size,
+                                                       autocast)
+                    out[sliding_metric(f)] = limited[f].mean
     finally:
         model.train(was_training)
-    return Validation(out, by_position)
+    return Validation(out, by_position, limited)
 
 
 @dataclass

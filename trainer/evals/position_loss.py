@@ -6,12 +6,16 @@ each row of position_loss.parquet is one bin at one length factor: `length_facto
 positions, f times the train length), `position` (the bin's first position), `loss` (mean nats over the bin's
 tokens), `tokens` (how many), plus the run's name, config hash and encoding identity. The token-weighted mean of a
 factor's rows is that factor's validation loss, from the same windows (`val_loss` at 1x, `val_loss_x<f>` beyond).
+Format version 2 (schema metadata `hdrope.position_loss_version`) adds PAIRED_COLUMNS, null where not measured:
+`diff`, `diff_se` (trainer.evals.paired_loss: full minus train-length context, per bin, where eval.sliding_stride
+ran the limited pass), `windows`, and the factor's context `gain`, `gain_se` (the same on each of its rows).
+Version 1 files have none of them and still load.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +24,8 @@ import pyarrow.parquet as pq
 
 from hdrope.errors import UserError
 
-__all__ = ["POSITION_LOSS_FILE", "POSITION_LOSS_SCHEMA", "POSITION_SPACINGS", "PositionLoss", "bin_starts",
-           "read_position_loss", "write_position_loss"]
+__all__ = ["PAIRED_COLUMNS", "POSITION_LOSS_FILE", "POSITION_LOSS_SCHEMA", "POSITION_LOSS_VERSION", "POSITION_SPACINGS",
+           "PositionLoss", "bin_starts", "read_position_loss", "write_position_loss"]
 
 POSITION_LOSS_FILE = "position_loss.parquet"
 
@@ -49,10 +53,14 @@ def bin_starts(length: int, bins: int, spacing: str = "linear") -> np.ndarray:
 
 @dataclass
 class PositionLoss:
-    """Summed next-token loss (nats, float64) and token count per position of the windows of one length."""
+    """Summed next-token loss (nats, float64) and token count per position of the windows of one length; with
+    `per_window`, each window's loss per position (windows × positions), and with `unigram` each of those targets'
+    surprisal under the windows' own unigram distribution (a predictor that uses no context)."""
 
     sums: np.ndarray
     tokens: np.ndarray
+    per_window: np.ndarray | None = field(default=None, repr=False)
+    unigram: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def mean(self) -> float:
@@ -68,15 +76,43 @@ class PositionLoss:
 
 POSITION_LOSS_SCHEMA = pa.schema([("length_factor", pa.float64()), ("length", pa.int64()), ("position", pa.int64()),
                                   ("loss", pa.float64()), ("tokens", pa.int64())])
+PAIRED_COLUMNS = {"diff": pa.float64(), "diff_se": pa.float64(), "windows": pa.int64(), "gain": pa.float64(),
+                  "gain_se": pa.float64()}
+POSITION_LOSS_VERSION = 2
 _FIX = "rerun the cell's evaluation (or delete the file to report without it)"
 
 
+def _paired(full: PositionLoss, limited: PositionLoss | None, starts: np.ndarray,
+            train_length: int | None) -> dict[str, list]:
+    from trainer.evals.paired_loss import context_gain, paired_bins
+
+    out: dict[str, list] = {name: [None] * len(starts) for name in PAIRED_COLUMNS}
+    if full.per_window is None or full.unigram is None or train_length is None:
+        return out
+    gain, gain_se, windows = context_gain(full, train_length)
+    out.update(windows=[windows] * len(starts), gain=[gain] * len(starts), gain_se=[gain_se] * len(starts))
+    if limited is not None and limited.per_window is not None:
+        diff, diff_se, _ = paired_bins(full, limited, starts)
+        out.update(diff=diff.tolist(), diff_se=diff_se.tolist())
+    return out
+
+
 def write_position_loss(by_factor: dict[float, PositionLoss], bins: int, spacing: str, path: Path,
-                        columns: Callable[[int], dict[str, pa.Array]] | None = None) -> Path:
-    """Write the binned losses of every length factor; `columns(rows)` gives the run's identity columns."""
-    rows = [{"length_factor": float(f), "length": len(pl.sums), "position": int(p), "loss": float(v), "tokens": int(n)}
-            for f, pl in sorted(by_factor.items()) for p, v, n in zip(*pl.binned(bins, spacing), strict=True)]
-    table = pa.Table.from_pylist(rows, schema=POSITION_LOSS_SCHEMA)
+                        columns: Callable[[int], dict[str, pa.Array]] | None = None,
+                        limited: dict[float, PositionLoss] | None = None, train_length: int | None = None) -> Path:
+    """Write the binned losses of every length factor; `columns(rows)` gives the run's identity columns. With
+    per-window losses and the train length, also the paired columns (PAIRED_COLUMNS; `diff` where `limited` has
+    the factor's train-length-context loss of the same windows)."""
+    rows = []
+    for f, pl in sorted(by_factor.items()):
+        starts, means, tokens = pl.binned(bins, spacing)
+        paired = _paired(pl, (limited or {}).get(f), starts, train_length)
+        rows += [{"length_factor": float(f), "length": len(pl.sums), "position": int(p), "loss": float(v),
+                  "tokens": int(n), **{k: paired[k][i] for k in PAIRED_COLUMNS}}
+                 for i, (p, v, n) in enumerate(zip(starts, means, tokens, strict=True))]
+    schema = pa.schema([*POSITION_LOSS_SCHEMA, *(pa.field(k, t) for k, t in PAIRED_COLUMNS.items())],
+                       metadata={"hdrope.position_loss_version": str(POSITION_LOSS_VERSION)})
+    table = pa.Table.from_pylist(rows, schema=schema)
     for name, column in (columns(len(table)) if columns else {}).items():
         table = table.append_column(name, column)
     pq.write_table(table, path)

@@ -443,7 +443,8 @@ def _finish(run: _Run, stop_reason: str, window_steps: int) -> TrainResult:
     artifacts: dict[str, Path] = {"position_loss": run.run_dir / POSITION_LOSS_FILE}
     identity = encoding_identity(cfg.model.pe)
     write_position_loss(validation.by_position, cfg.eval.position_bins, cfg.eval.position_spacing,
-                        artifacts["position_loss"], lambda n: run_columns(cfg.name, run.chash, identity, n))
+                        artifacts["position_loss"], lambda n: run_columns(cfg.name, run.chash, identity, n),
+                        validation.limited, cfg.model.max_seq_len)
     pk = cfg.eval.passkey
     if pk.enabled:
         res = evaluate_passkey(run.model, run.data.prompter, cfg.model.max_seq_len, list(pk.length_factors),

@@ -1,0 +1,88 @@
+"""The loss effective length on models whose answer is known (issue 33, What to build 1): byte 4-gram models scored
+by the lab's own evaluation at the shipped studies' train lengths, factors and window counts, on 8 disjoint window
+sets each. A perfect length generaliser reads censored at the longest factor, a model that fails past D reads D / L
+within one tested bin, a model that never learned reads "not learned"; the unpaired rule it replaced misses them.
+The Bonferroni bound's false-alarm rate is checked by simulation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from analysis.known_answers import DESIGNS, SETS, design, known_answer_readings, ngram_counts, validation_tokens
+from analysis.lengthgen import LOSS_TOLERANCE
+from analysis.loss_length import LOSS_ALPHA, false_alarm_rate, loss_reading, tested_width
+from trainer.evals.position_loss import PositionLoss, read_position_loss, write_position_loss
+
+
+@pytest.fixture(scope="module")
+def corpus_model(cache_dir):
+    """The validation tokens and the 4-gram counts (counted once for the module)."""
+    train, val = validation_tokens(cache_dir)
+    return val, ngram_counts(train)
+
+
+@pytest.fixture(scope="module", params=list(DESIGNS))
+def readings(request, corpus_model):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: a second thread only contends
+    try:
+        d = design(request.param)
+        yield d, known_answer_readings(d, corpus_model[1], corpus_model[0])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _of(readings, model: str):
+    d, r = readings
+    got = r[r["model"].str.startswith(model)]
+    assert len(got) == SETS
+    return d, got
+
+
+def test_perfect_generaliser_reads_censored(readings):
+    d, got = _of(readings, "perfect")
+    assert (got["new"] == d.max_factor).all() and (got["reason"] == "censored").all(), got
+
+
+def test_failure_past_d_is_found_within_one_tested_bin(readings):
+    d, got = _of(readings, "fails")
+    windows = d.eval.windows or d.eval.extrapolation_batches * max(1, d.eval.batch_size // d.max_factor)
+    width = d.max_factor * d.train_length // d.eval.position_bins
+    tolerance = tested_width(windows, width) / d.train_length
+    assert (got["new"] - 2.0).abs().le(tolerance).all(), (tolerance, got)
+
+
+def test_never_learned_reads_not_learned(readings):
+    _, got = _of(readings, "never")
+    assert got["new"].isna().all() and (got["reason"] == "not learned").all(), got
+
+
+def test_the_unpaired_rule_misses_the_known_answers(readings):
+    """What the tests above catch: the rule before issue 33 reads a perfect generaliser short and gives a model
+    that never learned a length."""
+    d, perfect = _of(readings, "perfect")
+    _, never = _of(readings, "never")
+    assert (perfect["old"] < d.max_factor).sum() >= SETS // 2
+    assert never["old"].notna().all()
+
+
+@pytest.mark.parametrize("windows,bins,df", [(4, 48, math.inf), (4, 48, 3), (8, 48, math.inf), (128, 56, math.inf),
+                                             (128, 56, 3)])
+def test_a_model_at_the_tolerance_reads_censored_in_95_percent_of_window_sets(windows, bins, df):
+    """The worst case of a perfect generaliser: its paired difference is exactly the tolerance in every bin."""
+    sets = 2000
+    rate = false_alarm_rate(windows, bins, sets, LOSS_TOLERANCE, df=df, seed=windows + bins)
+    assert rate <= LOSS_ALPHA + 2 * math.sqrt(LOSS_ALPHA * (1 - LOSS_ALPHA) / sets), rate
+
+
+def test_a_file_without_paired_columns_reads_not_available(tmp_path):
+    """Version 1 files (no per-window losses, no limited pass) still load, with the fix named."""
+    path = write_position_loss({1: PositionLoss(np.full(64, 2.0), np.ones(64, dtype=np.int64)),
+                                4: PositionLoss(np.full(256, 2.0), np.ones(256, dtype=np.int64))}, 16, "linear",
+                               tmp_path / "position_loss.parquet")
+    reading = loss_reading(read_position_loss(path).to_pandas(), LOSS_TOLERANCE)
+    assert math.isnan(reading.value) and "eval.sliding_stride" in reading.reason
