@@ -25,11 +25,11 @@ import pandas as pd
 from scipy import stats
 
 __all__ = ["GAIN_TOLERANCE", "LOSS_ALPHA", "MIN_TEST_TOKENS", "LossReading", "context_learned", "false_alarm_rate",
-           "loss_reading", "paired_effective_length", "tested_width"]
+           "loss_reading", "paired_effective_length", "resolution_width"]
 
 LOSS_ALPHA = 0.05  # the chance that a model within the tolerance everywhere reads shorter than its window
 GAIN_TOLERANCE = 0.1  # nats the in-distribution loss must lie below the unigram surprisal, beyond noise
-MIN_TEST_TOKENS = 64  # tokens (windows × positions) a tested bin holds at least
+MIN_TEST_TOKENS = 128  # tokens (windows × positions) a tested bin holds at least
 
 NOT_AVAILABLE = ("not available: the file has no paired columns; re-evaluate the checkpoint with eval.sliding_stride "
                  "set (e.g. half the train length)")
@@ -60,7 +60,7 @@ def paired_effective_length(positions: Sequence[int], diff: Sequence[float], dif
     tested = p >= train_length
     if tested.any():
         p, d, se, width = p[tested], d[tested], se[tested], width[tested]
-        group = round(tested_width(windows, int(width.min())) / width.min())
+        group = round(resolution_width(windows, int(width.min())) / width.min())
         cut = np.arange(0, len(p), group)
         w = np.add.reduceat(width, cut)
         d, se = np.add.reduceat(d * width, cut) / w, np.add.reduceat(se * width, cut) / w
@@ -72,7 +72,7 @@ def paired_effective_length(positions: Sequence[int], diff: Sequence[float], dif
     return max(1.0, length / train_length)
 
 
-def tested_width(windows: int, width: int) -> int:
+def resolution_width(windows: int, width: int) -> int:
     """The positions a tested bin spans: stored bins of `width` positions joined until windows × positions reaches
     MIN_TEST_TOKENS (the resolution of the effective length)."""
     return width * max(1, math.ceil(MIN_TEST_TOKENS / (max(windows, 1) * width)))
@@ -108,11 +108,11 @@ def loss_reading(rows: pd.DataFrame, tolerance: float, alpha: float = LOSS_ALPHA
 
 
 def false_alarm_rate(windows: int, bins: int, sets: int, tolerance: float, alpha: float = LOSS_ALPHA,
-                     correlation: float = 0.5, df: float = math.inf, seed: int = 0) -> float:
+                     width: int = 1, correlation: float = 0.5, df: float = math.inf, seed: int = 0) -> float:
     """Simulation: the share of `sets` window sets in which a model whose paired difference is exactly `tolerance`
-    in every bin (the worst case that must read censored) reads shorter than its window. Each window's bin values
-    are tolerance + noise, correlated `correlation` between bins, Student-t with `df` degrees of freedom (normal
-    when infinite)."""
+    in every bin (the worst case that must read censored) reads shorter than its window. `bins` stored bins of
+    `width` positions lie past the train length; each window's bin values are tolerance + noise, correlated
+    `correlation` between bins, Student-t with `df` degrees of freedom (normal when infinite)."""
     rng = np.random.default_rng(seed)
     shared = rng.standard_normal((sets, windows, 1))
     own = rng.standard_normal((sets, windows, bins))
@@ -120,9 +120,10 @@ def false_alarm_rate(windows: int, bins: int, sets: int, tolerance: float, alpha
     if math.isfinite(df):
         noise = noise / np.sqrt(rng.chisquare(df, (sets, windows, 1)) / df)
     d = tolerance + noise
-    positions = np.arange(1, bins + 1)  # train length 1: every bin is tested
+    positions = width * np.arange(1, bins + 1)  # train length `width`: every bin is tested
+    length = width * (bins + 1)
     alarms = 0
     for one in d:
         mean, se = one.mean(axis=0), one.std(axis=0, ddof=1) / math.sqrt(windows)
-        alarms += paired_effective_length(positions, mean, se, windows, 1, bins + 1, tolerance, alpha) < bins + 1
+        alarms += paired_effective_length(positions, mean, se, windows, width, length, tolerance, alpha) < bins + 1
     return alarms / sets

@@ -42,6 +42,7 @@ from analysis.lengthgen import (
     LOSS_TOLERANCE,
     is_task_metric,
     learned_table,
+    loss_readings,
     task_metrics,
     with_effective_lengths,
 )
@@ -213,6 +214,13 @@ def _metric_grid(cells: pd.DataFrame, columns: dict[str, str], tests: pd.DataFra
     return pd.DataFrame(out).T[list(columns)]
 
 
+def _loss_reasons(cells: pd.DataFrame) -> str:
+    """' (cells without a value: <reason> ×n, …)' for the loss effective length, or ''."""
+    missing = loss_readings(cells)["reason"].loc[lambda r: ~r.str.startswith(("crossed", "censored"))]
+    return f" (cells without a value: {'; '.join(f'{r} ×{n}' for r, n in missing.value_counts().items())})" \
+        if len(missing) else ""
+
+
 def lengthgen_section(cells: pd.DataFrame) -> tuple[list[str], list[pd.DataFrame]]:
     """The length-generalisation tables (accuracy by length per task, effective lengths), each one Holm family
     named in its caption, with their comparisons; ([], []) when the cells have neither task metrics nor
@@ -254,10 +262,11 @@ def lengthgen_section(cells: pd.DataFrame) -> tuple[list[str], list[pd.DataFrame
     all_tests.append(tests)
     md += ["### Effective length (× train length)", "", _markdown(_metric_grid(cells, eff, tests)), "",
            f"_Per seed, in multiples of the train length. Tasks: the longest evaluated length up to which "
-           f"{DEFAULT_RULE.text()} (not learned: no value). Loss: the first position past the train length whose "
-           f"binned loss exceeds its in-distribution level (positions [L/2, L) of the same windows) by more than "
-           f"{LOSS_TOLERANCE:g} nats; a curve that never does is censored at its window length. Cells: mean over "
-           f"seeds ± half the 95% Student-t interval._",
+           f"{DEFAULT_RULE.text()} (not learned: no value). Loss (analysis.loss_length): the first bin past the train "
+           f"length where the same tokens' full-context loss exceeds their train-length-context loss by more than "
+           f"{LOSS_TOLERANCE:g} nats beyond a Bonferroni one-sided bound over the bins; censored at the window "
+           f"length when none does; no value when the model never learned to use context or the file predates the "
+           f"paired columns{_loss_reasons(cells)}. Cells: mean over seeds ± half the 95% Student-t interval._",
            f"_* differs from RoPE: {correction_text(CORRECTION)} over the {len(tests)} comparisons of this table (one "
            "family), paired by seed where both ran the same seeds._", ""]
     if len(tests):

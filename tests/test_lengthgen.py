@@ -80,7 +80,7 @@ SEEDS = [1, 2, 3, 4, 5, 6]
 @pytest.fixture(scope="module")
 def synthetic_sweep(tmp_path_factory):
     """A sweep directory as `hdrope sweep results` leaves it: results.parquet with task accuracies for three
-    variants × six seeds, and each run's position_loss.parquet (real writer)."""
+    variants × six seeds, and each run's position_loss.parquet with its paired columns (real writer)."""
     root = tmp_path_factory.mktemp("lengthgen-sweep")
     rng = np.random.default_rng(0)
     rows = []
@@ -98,14 +98,14 @@ def synthetic_sweep(tmp_path_factory):
                 row[f"n_copy_x{tag}"] = 64.0
                 row[f"tokacc_copy_x{tag}"] = acc1 * drop
             rows.append(row)
-            by = {}
-            for f in (1, 4):
+            by, limited = {}, {}
+            for f in (1, 4):  # 5 windows: full context rises past `rise`, the train-length context does not
                 length = 64 * f
-                sums = np.full(length, 2.0) + rng.normal(0, 0.01, length)
-                if rise is not None:
-                    sums[rise:] += 0.6
-                by[f] = PositionLoss(sums * 5, np.full(length, 5))
-            write_position_loss(by, 16, "linear", run / "position_loss.parquet")
+                same = np.full((5, length), 2.0) + rng.normal(0, 0.01, (5, length))
+                full = same + (0.6 * (np.arange(length) >= rise) if rise is not None else 0.0)
+                by[f] = PositionLoss(full.sum(0), np.full(length, 5), full, same + 1.0)  # unigram: 1 nat worse
+                limited[f] = PositionLoss(same.sum(0), np.full(length, 5), same)
+            write_position_loss(by, 16, "linear", run / "position_loss.parquet", limited=limited, train_length=64)
     table = pa.Table.from_pylist(rows)
     table = table.replace_schema_metadata({"hdrope.axes": '["model.pe.kind", "seed"]', "hdrope.seed_axes": '["seed"]'})
     pq.write_table(table, root / "results.parquet")
