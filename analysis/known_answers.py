@@ -21,10 +21,10 @@ import torch
 
 from analysis.known_models import NGramCounts, NGramLM, count_ngrams
 from analysis.lengthgen import LOSS_TOLERANCE, loss_effective_length
-from analysis.loss_length import LossReading, loss_reading
-from trainer.config import DataConfig, EvalConfig
+from analysis.loss_length import LossReading, loss_reading, resolution_width
+from trainer.config import DataConfig, EvalConfig, validation_windows
 from trainer.evals.evaluate import evaluate_validation
-from trainer.evals.position_loss import read_position_loss, write_position_loss
+from trainer.evals.position_loss import bin_starts, read_position_loss, write_position_loss
 
 __all__ = ["DESIGNS", "SETS", "Design", "design", "known_answer_readings", "ngram_counts", "validation_tokens"]
 
@@ -47,6 +47,14 @@ class Design:
     @property
     def max_factor(self) -> int:
         return max(self.eval.extrapolation)
+
+    @property
+    def resolution(self) -> float:
+        """One tested bin of the loss instrument at the longest factor, in train lengths."""
+        length = self.max_factor * self.train_length
+        width = int(np.diff(np.append(bin_starts(length, self.eval.position_bins, self.eval.position_spacing),
+                                      length)).min())
+        return resolution_width(validation_windows(self.eval, self.max_factor), width) / self.train_length
 
 
 def design(name: str) -> Design:
@@ -96,7 +104,8 @@ def known_answer_readings(d: Design, counts: NGramCounts, val: np.ndarray, sets:
     models = {"perfect generaliser": NGramLM(counts),
               f"fails past D = {2 * d.train_length}": NGramLM(counts, "forgets", 2 * d.train_length),
               "never learned": NGramLM(counts, "never_learned")}
-    answers = {"perfect generaliser": f"censored at {d.max_factor}", f"fails past D = {2 * d.train_length}": "2",
+    answers = {"perfect generaliser": f"censored at {d.max_factor}",
+               f"fails past D = {2 * d.train_length}": f"2 ± {d.resolution:g} (one tested bin)",
                "never learned": "not learned"}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

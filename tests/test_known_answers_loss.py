@@ -14,7 +14,7 @@ import torch
 
 from analysis.known_answers import DESIGNS, SETS, design, known_answer_readings, ngram_counts, validation_tokens
 from analysis.lengthgen import LOSS_TOLERANCE
-from analysis.loss_length import LOSS_ALPHA, false_alarm_rate, loss_reading, resolution_width
+from analysis.loss_length import LOSS_ALPHA, false_alarm_rate, loss_reading
 from trainer.evals.position_loss import PositionLoss, read_position_loss, write_position_loss
 
 
@@ -50,10 +50,7 @@ def test_perfect_generaliser_reads_censored(readings):
 
 def test_failure_past_d_is_found_within_one_tested_bin(readings):
     d, got = _of(readings, "fails")
-    windows = d.eval.windows or d.eval.extrapolation_batches * max(1, d.eval.batch_size // d.max_factor)
-    width = d.max_factor * d.train_length // d.eval.position_bins
-    tolerance = resolution_width(windows, width) / d.train_length
-    assert (got["new"] - 2.0).abs().le(tolerance).all(), (tolerance, got)
+    assert (got["new"] - 2.0).abs().le(d.resolution).all(), (d.resolution, got)
 
 
 def test_never_learned_reads_not_learned(readings):
