@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.comparisons import comparison_table, references
-from analysis.lengthgen import with_effective_lengths
+from analysis.lengthgen import loss_readings, with_effective_lengths
 from analysis.load import find_sweep_dir, load_results, sweep_cells
 from analysis.outcomes import seed_values
 from analysis.stats import seeds_needed
@@ -77,6 +77,9 @@ def _pilot_cells(pilot: Path, metric: str) -> pd.DataFrame:
     cells = sweep_cells(pilot)
     if metric.startswith("efflen_"):
         cells = with_effective_lengths(cells)
+    if metric == "efflen_loss" and metric in cells and cells[metric].isna().all():
+        reasons = "; ".join(loss_readings(cells)["reason"].unique())
+        raise UserError(f"--metric efflen_loss: no cell of the pilot {pilot} has a loss effective length ({reasons})")
     if metric not in cells:
         known = [c for c in [*results.columns, *cells.columns] if not c.endswith("_path")
                  and c.startswith(("val_", "passkey", "train_loss", "lm_", "acc_", "efflen_"))]

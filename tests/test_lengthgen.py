@@ -4,6 +4,7 @@ marks, and the report's tables and figures from a synthetic sweep (results table
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -233,3 +234,26 @@ def test_the_seed_plan_sizes_an_effective_length_from_a_pilot(synthetic_sweep):
     assert advice.paired_sd >= 0 and advice.planned_seeds == len(SEEDS)
     with pytest.raises(UserError, match=r"--metric efflen_nothing: .*'efflen_copy'"):
         seed_advice(synthetic_sweep, planned, "efflen_nothing", 0.5)
+    assert seed_advice(synthetic_sweep, planned, "efflen_loss", 0.5).planned_seeds == len(SEEDS)
+
+
+def test_a_pilot_of_unpaired_files_names_the_re_evaluation(synthetic_sweep, tmp_path):
+    """Loss-by-position files from before the paired columns load, and the plan says what to rerun."""
+    import shutil
+
+    from analysis.load import load_results
+    from analysis.power import seed_advice
+    from hdrope.errors import UserError
+    from trainer.evals.position_loss import POSITION_LOSS_SCHEMA
+
+    pilot = tmp_path / "pilot"
+    shutil.copytree(synthetic_sweep, pilot)
+    results = pq.read_table(pilot / "results.parquet")
+    dirs = [str(pilot / "cells" / Path(d).name) for d in results.column("run_dir").to_pylist()]
+    pq.write_table(results.set_column(results.schema.get_field_index("run_dir"), "run_dir", pa.array(dirs)),
+                   pilot / "results.parquet")
+    for d in dirs:
+        path = Path(d) / "position_loss.parquet"
+        pq.write_table(pq.read_table(path).select(POSITION_LOSS_SCHEMA.names), path)  # a version 1 file
+    with pytest.raises(UserError, match=r"--metric efflen_loss: .*eval\.sliding_stride"):
+        seed_advice(pilot, load_results(pilot), "efflen_loss", 0.5)
