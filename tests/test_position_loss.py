@@ -135,6 +135,16 @@ def test_sliding_loss_is_reported_per_extrapolation_factor_and_a_bad_stride_is_r
     r = train(cfg)
     assert np.isfinite(r.metrics["val_loss_sw_x2"]) and r.metrics["val_loss_sw_x2"] != r.metrics["val_loss_x2"]
     assert "val_loss_sw_x2" in (r.run_dir / "result.json").read_text()
+    # the paired columns (format version 2): per bin, full minus train-length context of the same windows
+    table = read_position_loss(r.artifacts["position_loss"])
+    assert table.schema.metadata[b"hdrope.position_loss_version"] == b"2"
+    rows = table.to_pandas()
+    x2, x1 = rows[rows["length_factor"] == 2.0], rows[rows["length_factor"] == 1.0]
+    assert (x2["windows"] == 3).all() and x2["diff_se"].notna().all() and x1["diff"].isna().all()
+    assert float((x2["diff"] * x2["tokens"]).sum() / x2["tokens"].sum()) == pytest.approx(
+        r.metrics["val_loss_x2"] - r.metrics["val_loss_sw_x2"], abs=1e-9)
+    assert x2["diff"][x2["position"] < 64].abs().max() < 1e-5  # inside L both see the same context
+    assert np.isfinite(x1["gain"]).all() and (x1["gain_se"] > 0).all()
     before = config_hash(tiny_cfg())
     assert config_hash(tiny_cfg("eval.sliding_stride=0")) == before  # off: stored runs keep their hashes
     with pytest.raises(UserError, match=r"eval.sliding_stride=65: .*model.max_seq_len=64.*e.g. 32"):
