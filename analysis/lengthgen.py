@@ -156,8 +156,8 @@ def loss_readings(cells: pd.DataFrame, tolerance: float = LOSS_TOLERANCE) -> pd.
     """value (the loss effective length, × train length) and reason per cell that kept a loss by position, indexed
     like cells (`analysis.loss_length.loss_reading`)."""
     rows = {idx: loss_reading(g, tolerance) for idx, g in position_losses(cells).groupby("cell")}
-    return pd.DataFrame({"value": [r.value for r in rows.values()], "reason": [r.reason for r in rows.values()]},
-                        index=list(rows), columns=["value", "reason"])
+    return pd.DataFrame({"value": pd.Series([r.value for r in rows.values()], index=list(rows), dtype=float),
+                         "reason": pd.Series([r.reason for r in rows.values()], index=list(rows), dtype=object)})
 
 
 def with_effective_lengths(cells: pd.DataFrame, rule: AccuracyRule = DEFAULT_RULE,

@@ -216,7 +216,7 @@ def _metric_grid(cells: pd.DataFrame, columns: dict[str, str], tests: pd.DataFra
 
 def _loss_reasons(cells: pd.DataFrame) -> str:
     """' (cells without a value: <reason> ×n, …)' for the loss effective length, or ''."""
-    missing = loss_readings(cells)["reason"].loc[lambda r: ~r.str.startswith(("crossed", "censored"))]
+    missing = pd.Series([r for r in loss_readings(cells)["reason"] if not r.startswith(("crossed", "censored"))])
     return f" (cells without a value: {'; '.join(f'{r} ×{n}' for r, n in missing.value_counts().items())})" \
         if len(missing) else ""
 

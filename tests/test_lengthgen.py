@@ -237,6 +237,14 @@ def test_the_seed_plan_sizes_an_effective_length_from_a_pilot(synthetic_sweep):
     assert seed_advice(synthetic_sweep, planned, "efflen_loss", 0.5).planned_seeds == len(SEEDS)
 
 
+def test_cells_without_loss_by_position_have_no_loss_reading(tmp_path):
+    from analysis.lengthgen import loss_readings
+    from analysis.report import _loss_reasons
+
+    cells = pd.DataFrame({"run_dir": [str(tmp_path)]})
+    assert loss_readings(cells).empty and _loss_reasons(cells) == ""
+
+
 def test_a_pilot_of_unpaired_files_names_the_re_evaluation(synthetic_sweep, tmp_path):
     """Loss-by-position files from before the paired columns load, and the plan says what to rerun."""
     import shutil
