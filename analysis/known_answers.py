@@ -21,7 +21,7 @@ import torch
 
 from analysis.known_models import NGramCounts, NGramLM, count_ngrams
 from analysis.lengthgen import LOSS_TOLERANCE, loss_effective_length
-from analysis.loss_length import LossReading, loss_reading, resolution_width
+from analysis.loss_length import LossReading, false_alarm_rate, loss_reading, resolution_width
 from trainer.config import DataConfig, EvalConfig, validation_windows
 from trainer.evals.evaluate import evaluate_validation
 from trainer.evals.position_loss import bin_starts, read_position_loss, write_position_loss
@@ -132,6 +132,17 @@ def table_markdown(readings: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def simulation_markdown(sets: int = 2000) -> str:
+    """The false-alarm rate of a model exactly at the tolerance in all 48 bins past L (`false_alarm_rate`), at the
+    designs' window counts and bin widths, with bins correlated 0.5 or independent."""
+    lines = ["| windows | bin width | correlation | reads short |", "|---|---|---|---|"]
+    for windows, width in ((4, 8), (128, 4)):
+        for correlation in (0.5, 0.0):
+            rate = false_alarm_rate(windows, 48, sets, LOSS_TOLERANCE, width=width, correlation=correlation)
+            lines.append(f"| {windows} | {width} | {correlation:g} | {rate:.1%} of {sets} sets |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     """Print the known-answer table of every design."""
     torch.set_num_threads(1)  # tiny tensors: more threads only contend on a shared CPU
@@ -139,6 +150,8 @@ def main() -> None:
     counts = ngram_counts(train)
     readings = pd.concat([known_answer_readings(design(name), counts, val) for name in DESIGNS])
     print(table_markdown(readings))
+    print()
+    print(simulation_markdown())
 
 
 if __name__ == "__main__":
