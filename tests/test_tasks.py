@@ -203,6 +203,8 @@ def test_a_tiny_task_run_reports_the_means_of_its_tasks_table(tiny_cfg):
         assert r.metrics[f"acc_{task}_x{factor_tag(f)}"] == pytest.approx(g.correct.mean())
         assert r.metrics[f"n_{task}_x{factor_tag(f)}"] == len(g) == 6
         assert r.metrics[f"tokacc_{task}_x{factor_tag(f)}"] == pytest.approx(g.token_acc.mean())
+        assert r.metrics[f"tokskill_{task}_x{factor_tag(f)}"] == pytest.approx(g.token_skill.mean())
+        assert (g.distance <= g.reach).all() and (g.distance >= 0).all() and g.trained_distance.nunique() == 1
     assert {"pe_kind", "config_hash", "params"} <= set(df.columns)
     assert "tasks" in r.artifacts
     again = train(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, out_dir=str(r.run_dir) + "-b")))
