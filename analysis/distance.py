@@ -71,23 +71,23 @@ DEFAULT_DISTANCE_RULE = DistanceRule()
 
 def distance_bins(trained: int, reach: int) -> list[tuple[int, int, float]]:
     """(first, last, m) of each bin: distances first..last inclusive, m its upper edge in multiples of the trained
-    distance; bins until one covers `reach`."""
+    distance; bins until one covers `reach`, the last one cut at it."""
     if trained <= 0:
         raise ValueError(f"trained distance {trained}: need a positive distance")
     out, first = [], 0
     for m in BIN_EDGES:
         last = math.floor(m * trained)
+        if last >= reach:  # the last bin ends where the evaluation does
+            return [*out, (first, reach, max(reach / trained, 1.0) if out else m)]
         out.append((first, last, m))
-        if last >= reach:
-            return out
         first = last + 1
     raise ValueError(f"reach {reach} is more than {BIN_EDGES[-1]:g}× the trained distance {trained}")
 
 
 def bin_label(first: int, last: int, m: float, trained: int) -> str:
     """A bin's column header: its range in multiples of the trained distance and in tokens, † when unseen."""
-    lo = 0.0 if first == 0 else first / trained
-    return f"{'≤' if first == 0 else f'{lo:.2g}–'}{m:g}× ({first}–{last}){' †' if first > trained else ''}"
+    lo = (first - 1) / trained  # the previous bin's upper edge
+    return f"{'≤' if first == 0 else f'{lo:.3g}–'}{m:.3g}× ({first}–{last}){' †' if first > trained else ''}"
 
 
 def _counts(distance: np.ndarray, correct: np.ndarray, bins: list[tuple[int, int, float]]) -> tuple[np.ndarray, ...]:
