@@ -4,10 +4,12 @@
   length factor written `f"{f:g}"`; `task_metrics` finds them in a results table.
 - Learned: a (variant, task) whose 1x accuracy, pooled over its seeds (k/n), is below LEARNED_THRESHOLD is *not
   learned*: an instrument flat at 1x reads the same for every encoding, so it gets no length verdict.
-- Effective length (per seed, so it gets intervals and paired comparisons like every outcome), in multiples of the
-  train length:
-  - accuracy: the longest evaluated factor up to which the accuracy stays at or above the rule's threshold
-    (`AccuracyRule`; default: half the seed's own 1x accuracy);
+- Effective length (per seed, so it gets intervals and paired comparisons like every outcome):
+  - accuracy, where the cell's tasks.parquet records distances: on distance (`analysis.distance`), in multiples of
+    the longest distance trained on, the bins held against their binomial noise;
+  - accuracy of older runs (no distances): in multiples of the train length, the longest evaluated factor up to
+    which the accuracy stays at or above the rule's threshold (`AccuracyRule`; default: half the seed's own 1x
+    accuracy);
   - loss: `analysis.loss_length`: from position_loss.parquet at the longest factor, the first bin past the train
     length where the same tokens' full-context loss exceeds their train-length-context loss by more than the
     tolerance beyond its noise; censored at the window length when none does; nan when the model never learned to
@@ -64,7 +66,7 @@ DEFAULT_RULE = AccuracyRule()
 
 def is_task_metric(metric: str) -> bool:
     """Whether a metric belongs to the synthetic tasks (exact match, prompt count or per-token accuracy)."""
-    return bool(ACC_METRIC.match(metric)) or metric.startswith(("tokacc_", "efflen_")) or \
+    return bool(ACC_METRIC.match(metric)) or metric.startswith(("tokacc_", "tokskill_", "efflen_")) or \
         bool(re.match(r"^n_.+_x[0-9.]+$", metric))
 
 
@@ -163,11 +165,15 @@ def loss_readings(cells: pd.DataFrame, tolerance: float = LOSS_TOLERANCE) -> pd.
 def with_effective_lengths(cells: pd.DataFrame, rule: AccuracyRule = DEFAULT_RULE,
                            tolerance: float = LOSS_TOLERANCE, threshold: float = LEARNED_THRESHOLD,
                            learned: pd.DataFrame | None = None) -> pd.DataFrame:
-    """cells with `efflen_<task>` (per cell, so per seed; nan where the (variant, task) is not learned) and
-    `efflen_loss` columns, ready for `analysis.comparisons`; `learned` is these cells' `learned_table` at
-    `threshold` when the caller has it already."""
+    """cells with `efflen_<task>` (per cell, so per seed; nan where the (variant, task) is not learned; on distance
+    where the cell's tasks.parquet records it, see `analysis.distance`) and `efflen_loss` columns, ready for
+    `analysis.comparisons`; `learned` is these cells' `learned_table` at `threshold` when the caller has it
+    already."""
+    from analysis.distance import distance_effective_length, task_rows
+
     out = cells.copy()
     learned = learned_table(cells, threshold) if learned is None else learned
+    by_distance = task_rows(cells)
     for task, by_factor in task_metrics(list(cells.columns)).items():
         ok = learned[(learned["task"] == task) & learned["learned"]]
         keep = {(v, t if np.isfinite(t) else -1.0) for v, t in zip(ok["variant"], ok["theta"], strict=True)}
@@ -175,8 +181,9 @@ def with_effective_lengths(cells: pd.DataFrame, rule: AccuracyRule = DEFAULT_RUL
         for _, row in cells.iterrows():
             theta = float(row["theta"]) if pd.notna(row["theta"]) else -1.0
             accs = [row.get(m, math.nan) for m in by_factor.values()]
-            values.append(effective_length(list(by_factor), accs, rule) if (row["variant"], theta) in keep
-                          else math.nan)
+            mine = by_distance[(by_distance["cell"] == row.name) & (by_distance["task"] == task)]
+            value = distance_effective_length(mine) if len(mine) else effective_length(list(by_factor), accs, rule)
+            values.append(value if (row["variant"], theta) in keep else math.nan)
         out[f"efflen_{task}"] = values
     readings = loss_readings(cells, tolerance)
     if len(readings):

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.comparisons import comparison_family, comparison_table, correction_text, fmt, references, verdict
+from analysis.distance import distance_grid, distance_notes, effective_length_text, task_rows
 from analysis.figures import (
     Figure,
     accuracy_vs_length,
@@ -237,6 +238,7 @@ def lengthgen_section(cells: pd.DataFrame) -> tuple[list[str], list[pd.DataFrame
                "reads the same for every encoding)._", ""]
     all_tests = []
     theta_key = cells["theta"].astype(float).fillna(-1.0)
+    rows = task_rows(cells)
     for task, by_factor in tasks.items():
         mine = learned[learned["task"] == task]
         blocked = {(v, -1.0 if np.isnan(t) else t): "not learned"
@@ -255,14 +257,18 @@ def lengthgen_section(cells: pd.DataFrame) -> tuple[list[str], list[pd.DataFrame
                f"comparisons of this table (one family: every learned variant × length), at 5%._", ""]
         if len(tests):
             md += [_comparison_markdown(tests), ""]
+        for _, mine in rows[rows["task"] == task].groupby("trained_distance"):
+            md += [f"### {task}: exact match by distance", "", _markdown(distance_grid(cells, mine, set(blocked))), "",
+                   *distance_notes(mine), ""]
     eff = {task: f"efflen_{task}" for task in tasks}
     if "efflen_loss" in cells:
         eff["loss"] = "efflen_loss"
     tests = comparison_family(cells, list(eff.values()), LEVEL, CORRECTION)
     all_tests.append(tests)
-    md += ["### Effective length (× train length)", "", _markdown(_metric_grid(cells, eff, tests)), "",
-           f"_Per seed, in multiples of the train length. Tasks: the longest evaluated length up to which "
-           f"{DEFAULT_RULE.text()} (not learned: no value). Loss (analysis.loss_length): the first bin past the train "
+    task_text = (effective_length_text() if len(rows) else "in multiples of the train length: the longest evaluated "
+                 f"length up to which {DEFAULT_RULE.text()} (not learned: no value)")
+    md += ["### Effective length", "", _markdown(_metric_grid(cells, eff, tests)), "",
+           f"_Per seed. Tasks: {task_text}. Loss (× train length, analysis.loss_length): the first bin past the train "
            f"length where the same tokens' full-context loss exceeds their train-length-context loss by more than "
            f"{LOSS_TOLERANCE:g} nats beyond a Bonferroni one-sided bound over the bins; censored at the window "
            f"length when none does; no value when the model never learned to use context or the file predates the "

@@ -31,11 +31,15 @@ def solve(task: str, inst) -> list[str]:
         body = "".join(ins[0][1:-1])
         a, b = (int(x[::-1]) for x in body.split("+"))
         return list(str(a + b).zfill(len(body.split("+")[0]) + 1)[::-1])
-    if task == "mqar":
+    if task == "mqar":  # Zoology's format: `? q1 w1 … qq`, each earlier query followed by its value
         body = ins[0][1:-1]
         width = (len(body) // inst.params["k"]) - 1
         table = {body[i]: body[i + 1 : i + 1 + width] for i in range(0, len(body), width + 1)}
-        return [s for key in q[1:-1] for s in table[key]]
+        queries = q[1:]
+        for i in range(0, len(queries) - 1, width + 1):
+            assert queries[i + 1 : i + 1 + width] == table[queries[i]]
+        assert len(queries) == (inst.params["q"] - 1) * (width + 1) + 1
+        return table[queries[-1]]
     if task == "vartrack":
         env = {}
         for needle in ins:
@@ -111,29 +115,36 @@ def test_the_mixture_is_reproducible_and_takes_its_share():
     assert max(packed) >= 2  # examples are packed back to back while the next one fits
 
 
-def test_the_draws_are_pinned():
-    """The stored studies were trained and scored on these exact examples: a faster generator must draw the same
-    ones (this digest was taken before the speed work), or come as a NEW_SETTING."""
+def _draws_digest(tasks: list[str]) -> str:
     import hashlib
 
     digest = hashlib.sha256()
     for key_set in ("letters", "symbols"):
         builder = TaskBuilder(ByteTokenizer(), TaskParams(keys=7, key_set=key_set), FILLER)
-        batches = TrainBatches(FILLER, 96, 16, 42, [(0.75, TaskMixture(builder, sorted(TASKS)))])
+        batches = TrainBatches(FILLER, 96, 16, 42, [(0.75, TaskMixture(builder, tasks))])
         for step in range(8):
             digest.update(batches.rows(step).tobytes())
-        for task in sorted(TASKS):
+        for task in tasks:
             ex = builder.build(task, 80, np.random.default_rng([7, len(task)]))
             digest.update(repr((ex.prompt, ex.answer, ex.params_json)).encode())
-    assert digest.hexdigest()[:16] == "cfff2a90ec689c24"
+    return digest.hexdigest()[:16]
+
+
+def test_the_draws_are_pinned():
+    """The stored studies were trained and scored on these exact examples: a faster generator must draw the same
+    ones (this digest was taken before the speed work), or come as a NEW_SETTING. mqar is pinned apart: it changed
+    deliberately to Zoology's format (issue 33), no shipped study uses it, and the others' digest (taken on the code
+    before that change, with mqar left out of the mixture) stays as it was."""
+    assert _draws_digest(sorted(set(TASKS) - {"mqar"})) == "b88852b17cd85f88"
+    assert _draws_digest(["mqar"]) == "df05969adb2a4678"
 
 
 def test_a_task_that_does_not_fit_names_the_largest_size_that_does():
     builder = TaskBuilder(ByteTokenizer(), TaskParams(k=8, q=2, value_digits=1), FILLER)
-    need = builder.smallest("mqar")  # { 8 pairs } ? 2 keys : and 2 values
-    assert need == 2 + 16 + 4 + 2
+    need = builder.smallest("mqar")  # { 8 pairs } ? key value key, and the last key's value
+    assert need == 2 + 16 + 4 + 1
     check_fit(builder, "mqar", need, "here")
-    with pytest.raises(UserError, match=r"takes 24 tokens but here holds 20; the largest size that fits, the others "
+    with pytest.raises(UserError, match=r"takes 23 tokens but here holds 20; the largest size that fits, the others "
                                         r"kept: data\.task_params\.k=6, or raise"):
         check_fit(builder, "mqar", 20, "here")
 
@@ -171,8 +182,8 @@ def test_a_task_too_big_for_the_train_length_is_refused_before_the_run_writes(ti
     from trainer.run.loop import train
 
     cfg = tiny_cfg("data.tasks=[mqar]", "data.task_ratio=1", "data.task_params.k=26", "data.task_params.q=20")
-    with pytest.raises(UserError, match=r"smallest mqar example \(k=26, q=20, value_digits=1\) takes 96 tokens "
-                       r"but the train length .* holds 65; .*data\.task_params\.q=4"):
+    with pytest.raises(UserError, match=r"smallest mqar example \(k=26, q=20, value_digits=1\) takes 95 tokens "
+                       r"but the train length .* holds 65; .*data\.task_params\.q=5"):
         train(cfg)
     with pytest.raises(UserError, match=r"eval\.tasks\.length_factors=\[1\.0, 100000\.0\]: .* the validation split"):
         train(tiny_cfg("data.tasks=[copy]", "eval.tasks.length_factors=[1, 100000]"))
@@ -192,6 +203,8 @@ def test_a_tiny_task_run_reports_the_means_of_its_tasks_table(tiny_cfg):
         assert r.metrics[f"acc_{task}_x{factor_tag(f)}"] == pytest.approx(g.correct.mean())
         assert r.metrics[f"n_{task}_x{factor_tag(f)}"] == len(g) == 6
         assert r.metrics[f"tokacc_{task}_x{factor_tag(f)}"] == pytest.approx(g.token_acc.mean())
+        assert r.metrics[f"tokskill_{task}_x{factor_tag(f)}"] == pytest.approx(g.token_skill.mean())
+        assert (g.distance <= g.reach).all() and (g.distance >= 0).all() and g.trained_distance.nunique() == 1
     assert {"pe_kind", "config_hash", "params"} <= set(df.columns)
     assert "tasks" in r.artifacts
     again = train(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, out_dir=str(r.run_dir) + "-b")))

@@ -60,8 +60,9 @@ BASE_METRICS = ("train_loss", "lr", "tokens_per_s", "mfu", "val_loss", "val_bpb"
 COST_METRICS = ("tokens_per_s", "mfu", "eval_s")
 
 
-# The per-(task, length factor) metrics of the task evaluation: exact-match accuracy, example count, per-token accuracy.
-TASK_METRICS = ("acc", "n", "tokacc")
+# The per-(task, length factor) metrics of the task evaluation: exact-match accuracy, example count, per-token accuracy
+# and per-token accuracy corrected for its chance floor (0 at chance).
+TASK_METRICS = ("acc", "n", "tokacc", "tokskill")
 
 
 def factor_tag(f: float) -> str:

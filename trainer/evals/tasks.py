@@ -4,7 +4,11 @@ The examples of (task, factor) are a function of (seed, task, factor, example) o
 the same prompts whatever its encoding, and comparisons pair. Each prompt + answer is exactly the target length
 (filler from the validation split); prompts of one length are decoded together with the KV cache for as many
 tokens as the longest answer. An example is correct when the first len(answer) generated tokens equal the answer
-(exact match); its token accuracy is the share of those positions that match.
+(exact match); its token accuracy is the share of those positions that match, and its chance-corrected token
+accuracy (`chance_corrected`) maps the task's chance floor (`TaskSpec.floor`) to 0 and a right answer to 1. Each
+example also records its distance (`TaskSpec`), the longest distance a training example can hold
+(`trained_distance`: an example as long as a training row, train length + 1 tokens) and the longest its own length
+can hold (`reach`).
 """
 
 from __future__ import annotations
@@ -21,17 +25,24 @@ from trainer.evals.evaluate import Autocast
 from trainer.model.generate import greedy_generate_batch
 from trainer.model.llama import Llama
 
-__all__ = ["TaskResult", "evaluate_tasks", "task_examples"]
+__all__ = ["TaskResult", "chance_corrected", "evaluate_tasks", "task_examples"]
 
 _EVAL_STREAM = 15485863  # keeps evaluation draws apart from the training batches' generators
 
 
 @dataclass
 class TaskResult:
-    """The acc_/n_/tokacc_ metrics per (task, factor) and one row per example (the tasks.parquet columns)."""
+    """The acc_/n_/tokacc_/tokskill_ metrics per (task, factor) and one row per example (the tasks.parquet
+    columns)."""
 
     metrics: dict[str, float]
     rows: list[dict]
+
+
+def chance_corrected(token_acc: float, floor: float) -> float:
+    """Token accuracy above its chance floor, as a share of the room above it: 0 at chance, 1 when right, negative
+    below chance."""
+    return (token_acc - floor) / (1 - floor)
 
 
 def task_examples(builder: TaskBuilder, task: str, length: int, samples: int, seed: int) -> list[TaskExample]:
@@ -45,25 +56,30 @@ def task_examples(builder: TaskBuilder, task: str, length: int, samples: int, se
 @torch.no_grad()
 def evaluate_tasks(model: Llama, builder: TaskBuilder, tasks: list[str], seq_len: int, cfg: TaskEvalConfig,
                    seed: int, autocast: Autocast) -> TaskResult:
-    """Exact-match and per-token accuracy of greedy answers for every task and length factor."""
+    """Exact-match, per-token and chance-corrected per-token accuracy of greedy answers for every task and length
+    factor."""
     was_training = model.training
     model.eval()
     rows: list[dict] = []
     metrics: dict[str, float] = {}
     try:
         for task in tasks:
+            floor, trained = builder.floor(task), builder.max_distance(task, seq_len + 1)
             for factor in cfg.length_factors:
                 target = round(seq_len * factor)
                 examples = task_examples(builder, task, target, cfg.samples, seed)
                 here = _decode(model, builder, examples, cfg.batch_size, autocast)
                 for i, (ex, row) in enumerate(zip(examples, here, strict=True)):
                     row.update(task=task, length_factor=float(factor), length=len(ex.prompt), target_length=target,
-                               example=i, params=ex.params_json)
+                               example=i, params=ex.params_json, distance=ex.distance, trained_distance=trained,
+                               reach=builder.max_distance(task, target), floor=floor,
+                               token_skill=chance_corrected(row["token_acc"], floor))
                 rows += here
                 correct = [r["correct"] for r in here]
                 metrics[task_metric("acc", task, factor)] = float(np.mean(correct))
                 metrics[task_metric("n", task, factor)] = float(len(correct))
                 metrics[task_metric("tokacc", task, factor)] = float(np.mean([r["token_acc"] for r in here]))
+                metrics[task_metric("tokskill", task, factor)] = float(np.mean([r["token_skill"] for r in here]))
     finally:
         model.train(was_training)
     return TaskResult(metrics, rows)

@@ -2,7 +2,10 @@
 
 Columns: task, length_factor, length (prompt tokens), target_length (round(train length x factor) = prompt +
 answer tokens), example, params (JSON of the drawn parameters: depth of each insert, k, q, span, digits …), target,
-generated, correct, token_acc, then run_name, config_hash and the encoding identity columns (as passkey.parquet).
+generated, correct, token_acc, distance (tokens from the earliest insert the answer reads to the question),
+trained_distance (the longest distance a training example holds), reach (the longest this length holds), floor (the
+task's chance token accuracy), token_skill (token_acc chance-corrected: 0 at the floor), then run_name, config_hash
+and the encoding identity columns (as passkey.parquet).
 Its mean of `correct` per (task, length_factor) is the run's acc_<task>_x<factor>.
 """
 
@@ -23,7 +26,8 @@ TASKS_FILE = "tasks.parquet"
 _ROW = pa.schema([("task", pa.string()), ("length_factor", pa.float64()), ("length", pa.int64()),
                   ("target_length", pa.int64()), ("example", pa.int64()), ("params", pa.string()),
                   ("target", pa.string()), ("generated", pa.string()), ("correct", pa.bool_()),
-                  ("token_acc", pa.float64())])
+                  ("token_acc", pa.float64()), ("distance", pa.int64()), ("trained_distance", pa.int64()),
+                  ("reach", pa.int64()), ("floor", pa.float64()), ("token_skill", pa.float64())])
 TASKS_SCHEMA = pa.schema([*_ROW, *RUN_COLUMNS])
 
 

@@ -30,12 +30,14 @@ MARKERS = ("<", ">", "(", "+", ")", "=", "{", "}", "?", ":", "#", ".", "*")
 
 @dataclass
 class TaskExample:
-    """Token ids of one example's prompt and answer, with the drawn parameters (depths of the inserts included)."""
+    """Token ids of one example's prompt and answer, with the drawn parameters (depths of the inserts included) and
+    its distance (tokens from the end of the earliest insert the answer reads to the question; `TaskSpec`)."""
 
     task: str
     prompt: list[int]
     answer: list[int]
     params: dict[str, Any]
+    distance: int = 0
 
     @property
     def params_json(self) -> str:
@@ -51,6 +53,7 @@ class TaskBuilder:
         symbols = dict.fromkeys((*MARKERS, *DIGITS, *(k for keys in KEY_SETS.values() for k in keys)))
         self._ids = {s: tok.encode(s) for s in symbols}
         self._widest = max(len(ids) for ids in self._ids.values())
+        self._narrowest = min(len(ids) for ids in self._ids.values())
 
     def ids(self, symbols: list[str]) -> list[int]:
         """The symbols' tokens, each symbol tokenized on its own."""
@@ -63,13 +66,25 @@ class TaskBuilder:
         count = sum(map(len, inst.inserts)) + len(inst.question) + len(inst.answer)  # a fixed count per params
         return count * self._widest
 
+    def max_distance(self, task: str, length: int) -> int:
+        """The longest distance an example of `task` of `length` tokens can hold (its earliest needed insert first,
+        every other token filler or a later insert), under the builder's params."""
+        inst = TASKS[task].draw(self.params, np.random.default_rng(0))
+        count = len(inst.inserts[0]) + len(inst.question) + len(inst.answer)  # a fixed count per params
+        return max(0, length - count * self._narrowest)
+
+    def floor(self, task: str) -> float:
+        """The chance token accuracy of `task` under the builder's params (`TaskSpec.floor`)."""
+        return float(TASKS[task].floor(self.params))
+
     def build(self, task: str, length: int, rng: np.random.Generator) -> TaskExample:
         """An example of `task` whose prompt + answer is exactly `length` tokens, filler from a random place."""
         out = np.empty(length, dtype=np.int64)
         lay = self.place(task, out, rng)
         depths = [round(o / lay.room, 4) if lay.room else 0.0 for o in lay.offsets]
         cut = length - lay.answer_len
-        return TaskExample(task, out[:cut].tolist(), out[cut:].tolist(), {**lay.params, "depth": depths})
+        return TaskExample(task, out[:cut].tolist(), out[cut:].tolist(), {**lay.params, "depth": depths},
+                           lay.distance)
 
     def place(self, task: str, out: np.ndarray, rng: np.random.Generator) -> _Layout:
         """Write an example of `task` filling all of `out` (its prompt, then its answer) in place, drawing what
@@ -98,18 +113,21 @@ class TaskBuilder:
             last = offset
         out[at : at + room - last] = filler[last:]
         out[at + room - last :] = question + answer
-        return _Layout(inst.params, room, offsets, len(answer))
+        first = min(inst.needed) if inst.needed else 0  # tokens after its end: filler and the later inserts
+        distance = room - offsets[first] + sum(map(len, inserts[first + 1 :]))
+        return _Layout(inst.params, room, offsets, len(answer), distance)
 
 
 @dataclass
 class _Layout:
     """What placing an example drew beyond its instance: the instance's params, the number of filler tokens, the
-    inserts' offsets into the filler and the answer's token count."""
+    inserts' offsets into the filler, the answer's token count and the example's distance."""
 
     params: dict[str, Any]
     room: int
     offsets: list[int]
     answer_len: int
+    distance: int
 
 
 class TaskMixture:

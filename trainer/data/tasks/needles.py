@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from trainer.data.tasks.spec import Instance, TaskSpec, distinct_keys, value
+from trainer.data.tasks.spec import DIGITS, Instance, TaskSpec, distinct_keys, pick_floor, value
 
 if TYPE_CHECKING:
     from trainer.data.tasks.spec import TaskParams
@@ -39,7 +39,7 @@ def _multikey(p: TaskParams, rng: np.random.Generator) -> Instance:
     values = [value(rng, p.value_digits) for _ in keys]
     asked = int(rng.integers(p.k))
     return Instance([_needle(k, v) for k, v in zip(keys, values, strict=True)], ["#", keys[asked]],
-                    values[asked], {"k": p.k, "asked": asked})
+                    values[asked], {"k": p.k, "asked": asked}, needed=[asked])
 
 
 def _multivalue(p: TaskParams, rng: np.random.Generator) -> Instance:
@@ -54,7 +54,7 @@ def _multiquery(p: TaskParams, rng: np.random.Generator) -> Instance:
     asked = [int(i) for i in rng.choice(p.k, size=p.q, replace=False)]
     return Instance([_needle(k, v) for k, v in zip(keys, values, strict=True)],
                     ["#", *(keys[i] for i in asked), "?"], [s for i in asked for s in values[i]],
-                    {"k": p.k, "q": p.q, "asked": asked})
+                    {"k": p.k, "q": p.q, "asked": asked}, needed=asked)
 
 
 def _vartrack(p: TaskParams, rng: np.random.Generator) -> Instance:
@@ -71,14 +71,21 @@ def _vartrack(p: TaskParams, rng: np.random.Generator) -> Instance:
     for c in order:
         inserts.append(chains[c][0][taken[c]])
         taken[c] += 1
-    return Instance(inserts, ["=", names[p.hops - 1], "?"], chains[0][1], {"hops": p.hops})
+    needed = [i for i, c in enumerate(order) if c == 0]  # the asked chain's assignments
+    return Instance(inserts, ["=", names[p.hops - 1], "?"], chains[0][1], {"hops": p.hops}, needed=needed)
 
 
 SPECS = (
-    TaskSpec("niah_single", "retrieve the value of the one needle", ("value_digits",), _single),
-    TaskSpec("niah_multikey", "retrieve one of `k` needles of distinct keys", ("k", "value_digits"), _multikey),
-    TaskSpec("niah_multivalue", "retrieve all `k` values of one key", ("k", "value_digits"), _multivalue),
-    TaskSpec("niah_multiquery", "retrieve `q` of `k` needles", ("k", "q", "value_digits"), _multiquery),
+    # floors: a random digit (one needle); one of the k values (or the k values in a random order) at random;
+    # one of the two chains' values
+    TaskSpec("niah_single", "retrieve the value of the one needle", ("value_digits",), _single,
+             lambda p: 1 / len(DIGITS)),
+    TaskSpec("niah_multikey", "retrieve one of `k` needles of distinct keys", ("k", "value_digits"), _multikey,
+             lambda p: pick_floor(p.k)),
+    TaskSpec("niah_multivalue", "retrieve all `k` values of one key", ("k", "value_digits"), _multivalue,
+             lambda p: pick_floor(p.k)),
+    TaskSpec("niah_multiquery", "retrieve `q` of `k` needles", ("k", "q", "value_digits"), _multiquery,
+             lambda p: pick_floor(p.k)),
     TaskSpec("vartrack", "follow a chain of `hops` assignments past a distractor chain", ("hops", "value_digits"),
-             _vartrack),
+             _vartrack, lambda p: pick_floor(2)),
 )

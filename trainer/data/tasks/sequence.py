@@ -4,8 +4,10 @@
 - reverse: `< s >` … question `>`, answer s reversed.
 - addition: `( a + b )` … question `=`, answer a + b; operands of `digits` digits and the sum of digits + 1, all
   written least significant digit first, so each answer digit depends only on digits already seen.
-- mqar: `{ k1 v1 … kk vk }` … question `? q1 … qq :`, answer the values of the q queried keys in query order
-  (Zoology's multi-query associative recall with k pairs and q queries).
+- mqar: Zoology's multi-query associative recall (`multiquery_ar`): the pairs `{ k1 v1 … kk vk }` … then the
+  queries `? q1 w1 q2 w2 … qq`, each query key followed by its value, and the answer is the last query's value;
+  q distinct keys of the k are asked, and under the full-sequence loss every query's value is a prediction target
+  (as in Zoology), while the evaluation scores the last one.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from trainer.data.tasks.spec import Instance, TaskSpec, digits_of, distinct_keys, value
+from trainer.data.tasks.spec import DIGITS, Instance, TaskSpec, digits_of, distinct_keys, pick_floor, value
 
 if TYPE_CHECKING:
     from trainer.data.tasks.spec import TaskParams
@@ -43,14 +45,18 @@ def _mqar(p: TaskParams, rng: np.random.Generator) -> Instance:
     values = [value(rng, p.value_digits) for _ in keys]
     asked = [int(i) for i in rng.choice(p.k, size=p.q, replace=False)]
     pairs = [sym for key, val in zip(keys, values, strict=True) for sym in (key, *val)]
-    answer = [sym for i in asked for sym in values[i]]
-    return Instance([["{", *pairs, "}"]], ["?", *(keys[i] for i in asked), ":"], answer,
+    queries = [sym for i in asked[:-1] for sym in (keys[i], *values[i])]
+    return Instance([["{", *pairs, "}"]], ["?", *queries, keys[asked[-1]]], values[asked[-1]],
                     {"k": p.k, "q": p.q, "asked": asked})
 
 
 SPECS = (
-    TaskSpec("copy", "repeat a string of `span` distinct letters", ("span",), _copy),
-    TaskSpec("reverse", "write a string of `span` distinct letters backwards", ("span",), _reverse),
-    TaskSpec("addition", "add two `digits`-digit numbers (digits least significant first)", ("digits",), _addition),
-    TaskSpec("mqar", "recall the values of `q` of `k` key-value pairs", ("k", "q", "value_digits"), _mqar),
+    # floors: the right symbols in a random order; a random digit; one of the k values at random
+    TaskSpec("copy", "repeat a string of `span` distinct letters", ("span",), _copy, lambda p: 1 / p.span),
+    TaskSpec("reverse", "write a string of `span` distinct letters backwards", ("span",), _reverse,
+             lambda p: 1 / p.span),
+    TaskSpec("addition", "add two `digits`-digit numbers (digits least significant first)", ("digits",), _addition,
+             lambda p: 1 / len(DIGITS)),
+    TaskSpec("mqar", "recall the values of `q` of `k` key-value pairs, each query followed by its value",
+             ("k", "q", "value_digits"), _mqar, lambda p: pick_floor(p.k)),
 )

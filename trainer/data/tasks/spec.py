@@ -19,7 +19,8 @@ import numpy as np
 from trainer.new_setting import NEW_SETTING
 
 __all__ = [
-    "DIGITS", "KEY_SETS", "LETTERS", "Instance", "TaskParams", "TaskSpec", "digits_of", "distinct_keys", "value",
+    "DIGITS", "KEY_SETS", "LETTERS", "Instance", "TaskParams", "TaskSpec", "digits_of", "distinct_keys", "pick_floor",
+    "value",
 ]
 
 LETTERS = tuple(string.ascii_lowercase)
@@ -58,17 +59,30 @@ class Instance:
     question: list[str]
     answer: list[str]
     params: dict[str, Any] = field(default_factory=dict)
+    needed: list[int] | None = None  # the inserts the answer reads (indices); None: all of them
 
 
 @dataclass(frozen=True)
 class TaskSpec:
     """A registered task: its name, a one-line description, the `data.task_params` fields it reads (the sizes the
-    fit check may lower) and its generator."""
+    fit check may lower), its generator and its chance floor.
+
+    An example's distance is the number of tokens from the end of the earliest insert its answer reads
+    (`Instance.needed`, which the generator sets) to the start of the question: the span the answer must be carried
+    across. `floor(params)` is the token accuracy of a guess that knows the answer's format but not the inserts'
+    places: the level a chance-corrected token accuracy maps to 0."""
 
     name: str
     doc: str
     uses: tuple[str, ...]
     draw: Callable[[TaskParams, np.random.Generator], Instance]
+    floor: Callable[[TaskParams], float]
+
+
+def pick_floor(choices: int) -> float:
+    """Token accuracy of guessing a value's digits by picking one of `choices` drawn values at random (the right
+    one with probability 1/choices, another one matching a digit by chance 1 in 10)."""
+    return 1 / choices + (1 - 1 / choices) / len(DIGITS)
 
 
 def distinct_keys(rng: np.random.Generator, count: int, p: TaskParams) -> list[str]:
