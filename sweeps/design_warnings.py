@@ -25,7 +25,8 @@ from trainer.config import RunConfig, validation_windows
 from trainer.model.position import encoding_frequencies, encoding_identity, encoding_lengths
 
 __all__ = ["DETECT_FRACTION", "MAX_WINDOW_SE", "MIN_FREQUENCIES", "PAIRED_WINDOW_SD", "design_warnings",
-           "evaluated_lengths", "frequency_warning", "length_warnings", "window_warning", "windows_needed"]
+           "evaluated_lengths", "frequency_warnings", "length_warnings", "starved_periods", "window_warning",
+           "windows_needed"]
 
 # Below 4 distinct frequencies the ladder's periods are more than θ^(1/4) apart (10x at θ 10⁴): HD-RoPE at 8D and
 # head_dim 16 keeps 2 (periods 6.3 and 628 tokens), with nothing near a train length of 128 (issue 33 §6).
@@ -64,23 +65,40 @@ def _cells_text(ids: list[str], total: int) -> str:
     return f"cell{'s' if len(ids) > 1 else ''} {shown}" + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
 
 
-def frequency_warning(cfg: RunConfig) -> str | None:
-    """Why the cell's rotary encoding is frequency-starved at its head_dim (with the fix), or None."""
-    shape = cfg.model.encoding_shape
-    freqs = encoding_frequencies(cfg.model.pe, shape)
+def starved_periods(cfg: RunConfig) -> np.ndarray | None:
+    """The periods in tokens of the cell's distinct rotation frequencies when they are fewer than MIN_FREQUENCIES
+    at its head_dim, else None (also for kinds without a frequency ladder)."""
+    freqs = encoding_frequencies(cfg.model.pe, cfg.model.encoding_shape)
     if freqs is None:
         return None
     distinct = np.unique(np.round(freqs, 12))
-    if len(distinct) >= MIN_FREQUENCIES:
-        return None
-    periods = " and ".join(f"{p:.3g}" for p in sorted(2 * math.pi / distinct))
-    d = shape.head_dim
-    need = math.ceil(d * MIN_FREQUENCIES / len(distinct))
-    label = encoding_identity(cfg.model.pe)["pe_label"]
-    return (f"{label} at head_dim {d} has {len(distinct)} distinct frequenc{'y' if len(distinct) == 1 else 'ies'} "
-            f"(periods {periods} tokens), fewer than {MIN_FREQUENCIES}: a frequency-starved encoding, whatever its "
-            f"basis; use a rotation_dim of at most {d // MIN_FREQUENCIES if d >= 2 * MIN_FREQUENCIES else 2} or a "
-            f"head_dim of at least {need} (model.dim / model.n_heads)")
+    return np.sort(2 * math.pi / distinct) if len(distinct) < MIN_FREQUENCIES else None
+
+
+def frequency_warnings(cells: Sequence[PlannedCell], total: int) -> list[str]:
+    """One warning per (head_dim, frequency count) of frequency-starved cells, naming their encodings, cells and
+    periods, with the fix."""
+    groups: dict[tuple[int, int], list[tuple[PlannedCell, np.ndarray]]] = {}
+    for c in cells:
+        periods = starved_periods(c.config)
+        if periods is not None:
+            groups.setdefault((c.config.model.encoding_shape.head_dim, len(periods)), []).append((c, periods))
+    found = []
+    for (d, n), members in groups.items():
+        names = list(dict.fromkeys(encoding_identity(c.config.model.pe)["pe_label"] for c, _ in members))
+        labels = ", ".join(names)
+        spans = {tuple(np.round(p, 6)) for _, p in members}
+        if len(spans) == 1:
+            periods = "periods " + " and ".join(f"{x:.3g}" for x in members[0][1]) + " tokens"
+        else:
+            longest = sorted(p[-1] for _, p in members)
+            periods = f"longest period {longest[0]:.3g} to {longest[-1]:.3g} tokens over the cells' θ"
+        found.append(f"{_cells_text([c.cell_id for c, _ in members], total)}: {labels} at head_dim {d} "
+                     f"{'has' if len(names) == 1 else 'have'} {n} distinct frequenc{'y' if n == 1 else 'ies'} "
+                     f"({periods}), fewer than {MIN_FREQUENCIES}: a frequency-starved encoding, whatever its basis; "
+                     f"use a rotation_dim of at most {max(2, d // MIN_FREQUENCIES)} or a head_dim of at least "
+                     f"{math.ceil(d * MIN_FREQUENCIES / n)} (model.dim / model.n_heads)")
+    return found
 
 
 def length_warnings(cfg: RunConfig) -> list[str]:
@@ -143,7 +161,7 @@ def design_warnings(cells: Sequence[PlannedCell], compares: bool, detect: float 
     length, and when the cells are compared, too few validation windows for a paired difference at `detect`), each
     naming its cells and the fix."""
     total = len(cells)
-    found = _grouped(cells, total, lambda cfg: [w for w in [frequency_warning(cfg)] if w])
+    found = frequency_warnings(cells, total)
     found += _grouped(cells, total, length_warnings)
     if compares:
         found += _grouped(cells, total, lambda cfg: [w for w in [window_warning(cfg, detect)] if w])
