@@ -11,12 +11,9 @@ import torch
 
 from analysis.load import sweep_cells
 from analysis.machines import machine_lines
-from sweeps.plan_file import save_plan
-from sweeps.results import write_results
-from sweeps.runner import prepare
 from trainer.config import config_hash
 from trainer.files.machine import MACHINE_COLUMNS, cpu_model, machine_info, machine_label, machine_row
-from trainer.files.run_files import RUN_FILE, claim_run_dir, read_machines, write_json_atomic
+from trainer.files.run_files import RUN_FILE, claim_run_dir, read_machines
 from trainer.run.loop import train
 
 EPYC = {"cpu_model": "AMD EPYC", "cpu_capability": "AVX2", "gpu": None, "torch_version": "2.13.0+cpu", "threads": 1}
@@ -56,8 +53,8 @@ def test_a_resume_on_another_machine_keeps_both(tmp_path):
                                                   if torch.get_num_threads() != 1 else "1 thread")
 
 
-def _finished_sweep(tmp_path, machines: dict[str, dict]):
-    """A planned RoPE vs 4D sweep whose cells hold run.json (with the given machine per kind) and result.json."""
+def _finished_sweep(tmp_path, stored_sweep, machines: dict[str, dict]):
+    """A RoPE vs 4D sweep whose cells ran on the given machine per kind."""
     spec = tmp_path / "m.yaml"
     spec.write_text(textwrap.dedent(f"""
         name: machines
@@ -67,18 +64,12 @@ def _finished_sweep(tmp_path, machines: dict[str, dict]):
           model.pe.kind: [rope, hdrope]
           seed: [1, 2]
     """))
-    plan = save_plan(prepare(str(spec)))
-    for c in plan.cells:
-        run_dir = plan.root / "cells" / c.cell_id
-        claim_run_dir(run_dir, c.config_hash, c.cell_id, machines[c.values["model.pe.kind"]])
-        write_json_atomic(run_dir / "result.json", {"config_hash": c.config_hash, "step": 60,
-                                                    "metrics": {"val_loss": 2.0 + 0.1 * c.config.train.seed}})
-    write_results(plan)
-    return plan.root
+    return stored_sweep(spec, lambda c: {"val_loss": 2.0 + 0.1 * c.config.train.seed},
+                        lambda c: machines[c.values["model.pe.kind"]])
 
 
-def test_results_carry_the_machine_per_cell_and_the_report_names_it(tmp_path):
-    root = _finished_sweep(tmp_path, {"rope": EPYC, "hdrope": EPYC})
+def test_results_carry_the_machine_per_cell_and_the_report_names_it(tmp_path, stored_sweep):
+    root = _finished_sweep(tmp_path, stored_sweep, {"rope": EPYC, "hdrope": EPYC})
     table = pq.read_table(root / "results.parquet").to_pylist()
     assert [r["cpu_capability"] for r in table] == ["AVX2"] * 4 and {r["threads"] for r in table} == {1}
     lines = machine_lines(sweep_cells(root))
@@ -86,8 +77,8 @@ def test_results_carry_the_machine_per_cell_and_the_report_names_it(tmp_path):
     assert not [x for x in lines if "Warning" in x]
 
 
-def test_the_report_warns_when_a_comparison_mixes_cpu_capabilities(tmp_path):
-    root = _finished_sweep(tmp_path, {"rope": EPYC, "hdrope": ZEN4})
+def test_the_report_warns_when_a_comparison_mixes_cpu_capabilities(tmp_path, stored_sweep):
+    root = _finished_sweep(tmp_path, stored_sweep, {"rope": EPYC, "hdrope": ZEN4})
     lines = machine_lines(sweep_cells(root))
     assert "2 cells on AMD EPYC (CPU AVX2)" in lines[0] and "2 cells on AMD EPYC (CPU AVX512)" in lines[0]
     warning = [x for x in lines if x.startswith("**Warning**")]

@@ -104,3 +104,20 @@ def test_the_planner_reads_the_registry_not_kind_names():
             ("rope", "scaling.original_max_position_embeddings")} <= declared
     source = textwrap.dedent(open(dw.__file__).read())
     assert not [name for name in POSITION_ENCODINGS if f'"{name}"' in source or f"'{name}'" in source]
+
+
+def test_plan_detect_judges_the_windows_against_the_difference_to_detect(tmp_path, stored_sweep, capsys):
+    """128 windows pass without --detect; `plan --detect 0.02` asks for a window SE of 0.005 nats, which 128
+    windows past 1x (0.0070) miss: the warning comes with the seed advice, naming the fix."""
+    over = {"eval.extrapolation": "[2]", "eval.passkey.enabled": "false", "eval.windows": 128}
+    plan = plan_of(tmp_path, over, {"model.pe.kind": "[rope, hdrope]", "seed": "[1, 2, 3]"})
+    assert plan.warnings == []
+    pilot = stored_sweep(tmp_path / "pw.yaml", lambda c: {"val_loss_x2": 2.0 + 0.01 * c.config.train.seed
+                                                          + (0.002 * c.config.train.seed ** 2 if
+                                                             c.values["model.pe.kind"] == "hdrope" else 0.0)})
+    code = main(["sweep", "plan", str(tmp_path / "pw.yaml"), "--detect", "0.02", "--pilot", str(pilot),
+                 "--metric", "val_loss_x2"])
+    out = capsys.readouterr()
+    assert code == 0 and "seeds" in out.out
+    assert "warning: all 6 cells: too few validation windows" in out.err and "a quarter of --detect 0.02" in out.err
+    assert "2x on 128 (needs 250)" in out.err and "eval.windows=256" in out.err
