@@ -21,12 +21,13 @@ from typing import Protocol
 
 import numpy as np
 
+from hdrope.errors import UserError
 from trainer.config import RunConfig, validation_windows
 from trainer.model.position import encoding_frequencies, encoding_identity, encoding_lengths
 
 __all__ = ["DETECT_FRACTION", "MAX_WINDOW_SE", "MIN_FREQUENCIES", "PAIRED_WINDOW_SD", "design_warnings",
-           "evaluated_lengths", "frequency_warnings", "length_warnings", "starved_periods", "window_warning",
-           "windows_needed"]
+           "evaluated_lengths", "frequency_warnings", "length_warnings", "paired_window_sd", "starved_periods",
+           "window_warning", "windows_needed"]
 
 # Below 4 distinct frequencies the ladder's periods are more than θ^(1/4) apart (10x at θ 10⁴): HD-RoPE at 8D and
 # head_dim 16 keeps 2 (periods 6.3 and 628 tokens), with nothing near a train length of 128 (issue 33 §6).
@@ -114,15 +115,21 @@ def length_warnings(cfg: RunConfig) -> list[str]:
     return found
 
 
+def paired_window_sd(factor: int) -> float:
+    """The measured per-window SD of a paired difference of losses at `factor` x the train length (nats)."""
+    return PAIRED_WINDOW_SD[max(k for k in PAIRED_WINDOW_SD if k <= max(factor, 1))]
+
+
 def windows_needed(factor: int, max_se: float) -> int:
     """Validation windows at `factor` x the train length for the window SE of a paired difference to be max_se."""
-    sd = PAIRED_WINDOW_SD[max(k for k in PAIRED_WINDOW_SD if k <= max(factor, 1))]
-    return math.ceil((sd / max_se) ** 2)
+    return math.ceil((paired_window_sd(factor) / max_se) ** 2)
 
 
 def window_warning(cfg: RunConfig, detect: float | None = None) -> str | None:
     """Why the cell's validation windows are too few for a paired comparison (with the fix), or None."""
-    max_se = MAX_WINDOW_SE if detect is None else DETECT_FRACTION * abs(detect)
+    if detect is not None and not (math.isfinite(detect) and detect > 0):
+        raise UserError(f"--detect {detect!r}: the difference to detect must be a positive number, e.g. --detect 0.05")
+    max_se = MAX_WINDOW_SE if detect is None else DETECT_FRACTION * detect
     e = cfg.eval
     factors = [1, *(e.extrapolation if e.extrapolation_batches > 0 else [])]
     short = [(f, validation_windows(e, f), windows_needed(f, max_se)) for f in factors]
@@ -130,9 +137,8 @@ def window_warning(cfg: RunConfig, detect: float | None = None) -> str | None:
     if not short:
         return None
     scored = ", ".join(f"{f}x on {have} (needs {need})" for f, have, need in short)
-    worst = max(PAIRED_WINDOW_SD[max(k for k in PAIRED_WINDOW_SD if k <= f)] / math.sqrt(have)
-                for f, have, _ in short)
-    bound = (f"a quarter of --detect {abs(detect):g}, {max_se:.3g} nats" if detect is not None
+    worst = max(paired_window_sd(f) / math.sqrt(have) for f, have, _ in short)
+    bound = (f"a quarter of --detect {detect:g}, {max_se:.3g} nats" if detect is not None
              else f"{MAX_WINDOW_SE} nats, what the documented 128 windows keep it under")
     advice = 2 ** math.ceil(math.log2(max(need for _, _, need in short)))
     return (f"too few validation windows for a paired comparison: scored {scored}; the window noise of a paired "

@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 
+from hdrope.errors import UserError
 from sweeps.console import main
 from sweeps.design_warnings import MAX_WINDOW_SE, PAIRED_WINDOW_SD, design_warnings, evaluated_lengths
 from sweeps.runner import prepare
@@ -78,6 +79,8 @@ def test_four_windows_are_too_few_for_a_paired_comparison(tmp_path):
     # against --detect 0.02 the window SE may be 0.005: 128 windows (SE 0.0070 past 1x) are too few, 256 are not
     assert only(design_warnings(enough.cells, enough.compares, detect=0.02), "a quarter of --detect 0.02")
     assert PAIRED_WINDOW_SD[2] / 128**0.5 < MAX_WINDOW_SE < PAIRED_WINDOW_SD[2] / 4**0.5
+    with pytest.raises(UserError, match="the difference to detect must be a positive number"):
+        design_warnings(enough.cells, enough.compares, detect=0.0)
 
 
 def test_the_tiny_presets_ordinary_rope_cell_gets_no_warning(tmp_path):
