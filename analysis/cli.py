@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -102,6 +103,7 @@ def seeds_main(argv: list[str]) -> int:
     p.add_argument("--storage", default=DEFAULT_STORAGE, help="where --pilot is looked up by name")
     a = p.parse_args(argv)
     from analysis.power import seed_advice
+    from sweeps.design_warnings import design_warnings
     from sweeps.results import planned_frame
     from sweeps.runner import prepare
 
@@ -114,4 +116,6 @@ def seeds_main(argv: list[str]) -> int:
         pilot = Path(a.storage) / a.pilot
     advice = seed_advice(pilot, planned_frame(plan), a.metric or plan.spec.search.metric, a.detect)
     print("\n".join(advice.lines()))
+    for note in design_warnings(plan.cells, plan.compares, a.detect):  # the windows judged against --detect
+        print(f"warning: {note}", file=sys.stderr)
     return 0

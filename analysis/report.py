@@ -48,12 +48,14 @@ from analysis.lengthgen import (
     with_effective_lengths,
 )
 from analysis.load import load_results, read_json, sweep_cells
+from analysis.machines import machine_lines
 from analysis.mechanism import mechanism_lines
 from analysis.outcomes import COST_METRICS, cost_table, is_proportion, outcome_metrics, seed_values
 from analysis.plots import save
 from analysis.stats import mean_interval, proportion_interval
 from analysis.variants import theta_text, trained
 from hdrope.errors import UserError
+from trainer.files.machine import MACHINE_COLUMNS
 
 if TYPE_CHECKING:
     from sweeps.plan import Plan
@@ -61,7 +63,7 @@ if TYPE_CHECKING:
 __all__ = ["ablation_table", "build_report", "comparisons", "lengthgen_section", "metric_columns", "references",
            "report_figures", "verdict_lines"]
 
-_NOT_METRICS = {"seed", "steps", "theta", "rotation_dim", "basis_seed"}
+_NOT_METRICS = {"seed", "steps", "theta", "rotation_dim", "basis_seed", *MACHINE_COLUMNS}
 LEVEL, CORRECTION = 0.95, "holm"
 
 
@@ -331,7 +333,8 @@ def build_report(sweep_dir: str | Path, tracking_uri: str | None = None) -> Path
           f"{len(results)} cells, {int((results['status'] == 'FINISHED').sum())} finished, "
           f"{int(results['dedup_of'].notna().sum())} answered by an equivalent cell (dedup). "
           f"{len(variants)} variants: {', '.join(variants)}. Averaged over: "
-          f"{', '.join(seed_axes) or 'nothing (no seed axis)'}; the seed is the unit of every interval and test.", ""]
+          f"{', '.join(seed_axes) or 'nothing (no seed axis)'}; the seed is the unit of every interval and test.", "",
+          *machine_lines(cells), ""]
     metrics = [m for m in outcome_metrics(metric_columns(results)) if not is_task_metric(m)]
     md += ["## Outcome tables", ""]
     all_tests = []

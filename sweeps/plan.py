@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hdrope.errors import UserError
+from sweeps.design_warnings import design_warnings
 from sweeps.spec import SpecError, SweepSpec, check_name
 from trainer.config import RunConfig, config_errors, config_hash, metric_names
 from trainer.labels import value_label
@@ -80,6 +81,12 @@ class Plan:
     def seed_axes(self) -> list[str]:
         """The axes that are seeds (a report averages over them)."""
         return seed_axes(self.axes)
+
+    @property
+    def compares(self) -> bool:
+        """Whether cells differ by something other than a seed (a report compares them)."""
+        seeds = set(self.seed_axes)
+        return any(len(v) > 1 for k, v in self.spec.axes.items() if k not in seeds)
 
     @property
     def required_metric(self) -> str | None:
@@ -347,4 +354,6 @@ def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
         key = "gpus" if spec.resources.gpus else "gpus_per_worker"
         notes.append(f"resources.{key}={gpus:g}: this machine has no GPU, so its embedded Ray cannot "
                      "run these trials; submit the sweep to a cluster with GPUs (--address)")
-    return Plan(spec, cells, root, notes)
+    plan = Plan(spec, cells, root, notes)
+    plan.warnings += design_warnings(plan.cells, plan.compares)  # what the design cannot measure (docs/sweeps.md)
+    return plan

@@ -3,9 +3,10 @@
 Columns: sweep, cell_id, trained_cell (the cell that actually trained), dedup_of, status
 (FINISHED | FAILED | RUNNING | PENDING | CORRUPT), error, config_hash, the encoding identity of the cell
 (`trainer.model.position.encoding_identity`: pe_kind, pe_label, rotation_dim, basis, basis_seed, theta,
-scaling), seed, steps, run_dir, the axis values (one string column per axis key, named by the dotted
-key), and every final metric the cells planned or produced (val_loss_x16 included when configured; the
-lm_<task>_<metric> columns of `hdrope eval lm-eval` when a cell was evaluated).
+scaling), seed, steps, run_dir, the machine that trained it (`trainer.files.machine.MACHINE_COLUMNS`: cpu_model,
+cpu_capability, gpu, torch_version, threads, from run.json), the axis values (one string column per axis key,
+named by the dotted key), and every final metric the cells planned or produced (val_loss_x16 included when
+configured; the lm_<task>_<metric> columns of `hdrope eval lm-eval` when a cell was evaluated).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import pyarrow.parquet as pq
 from hdrope.errors import UserError
 from sweeps.plan import Plan
 from trainer.config import BASE_METRICS, metric_names
-from trainer.files.run_files import RUN_FILE, read_lm_eval, read_result
+from trainer.files.machine import MACHINE_COLUMNS, machine_row
+from trainer.files.run_files import RUN_FILE, read_lm_eval, read_machines, read_result
 from trainer.model.position import IDENTITY_COLUMNS, encoding_identity
 
 __all__ = ["axis_columns", "cell_rows", "planned_frame", "sampled_values", "write_results"]
@@ -76,9 +78,17 @@ def _row(name: str, cell_id: str, trained_dir: Path, cfg, dedup_of: str | None, 
         "sweep": name, "cell_id": cell_id, "trained_cell": trained_dir.name, "dedup_of": dedup_of,
         "status": status, "error": error, "config_hash": config_hash or result.get("config_hash"),
         **encoding_identity(cfg.model.pe), "seed": int(cfg.train.seed), "steps": int(cfg.train.steps),
-        "run_dir": str(trained_dir),
+        "run_dir": str(trained_dir), **_machine(trained_dir),
         **{m: float(v) for m, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
     }
+
+
+def _machine(run_dir: Path) -> dict[str, Any]:
+    """The machine columns of the run in run_dir (None where its run.json records no machine or is unreadable)."""
+    try:
+        return machine_row(read_machines(run_dir))
+    except UserError:  # a damaged run.json: the cell's status says what is wrong with the run
+        return machine_row([])
 
 
 def _run_config(path: Path) -> Any:
@@ -115,7 +125,7 @@ def _metric_columns(plan: Plan, rows: list[dict[str, Any]]) -> list[str]:
     for cell in plan.cells if plan.spec.search.kind == "grid" else []:
         planned += [m for m in metric_names(cell.config) if m not in planned]
     fixed = {"sweep", "cell_id", "trained_cell", "dedup_of", "status", "error", "config_hash", *IDENTITY_COLUMNS,
-             "seed", "steps", "run_dir"}
+             "seed", "steps", "run_dir", *MACHINE_COLUMNS}
     seen = [k for r in rows for k in r if k not in fixed and k not in plan.axes]
     extra = sorted({k for k in seen if k not in planned and isinstance(next(r[k] for r in rows if k in r), float)})
     return [m for m in planned if m != "lr"] + extra
@@ -133,7 +143,8 @@ def write_results(plan: Plan, path: Path | None = None) -> Path:
     fields = [("sweep", pa.string()), ("cell_id", pa.string()), ("trained_cell", pa.string()),
               ("dedup_of", pa.string()), ("status", pa.string()), ("error", pa.string()),
               ("config_hash", pa.string()), *((k, identity_types[t]) for k, t in IDENTITY_COLUMNS.items()),
-              ("seed", pa.int64()), ("steps", pa.int64()), ("run_dir", pa.string())]
+              ("seed", pa.int64()), ("steps", pa.int64()), ("run_dir", pa.string()),
+              *((k, identity_types[t]) for k, t in MACHINE_COLUMNS.items())]
     axes = [k for k in plan.axes if k not in dict(fields)]
     fields += [(k, pa.string()) for k in axes] + [(m, pa.float64()) for m in metrics]
     schema = pa.schema(fields, metadata={"hdrope.axes": json.dumps(plan.axes),

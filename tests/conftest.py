@@ -120,3 +120,25 @@ def hdrope_cli():
 
     return run
 
+
+
+@pytest.fixture
+def stored_sweep():
+    """A factory of finished sweeps without training: plan a spec, give each cell a run.json (with the machine
+    `machine(cell)`) and a result.json of `metrics(cell)`, and write results.parquet; returns the sweep directory."""
+    from sweeps.plan_file import save_plan
+    from sweeps.results import write_results
+    from sweeps.runner import prepare
+    from trainer.files.run_files import claim_run_dir, write_json_atomic
+
+    def make(spec_path, metrics, machine=lambda cell: None) -> Path:
+        plan = save_plan(prepare(str(spec_path)))
+        for c in plan.cells:
+            run_dir = plan.root / "cells" / c.cell_id
+            claim_run_dir(run_dir, c.config_hash, c.cell_id, machine(c))
+            write_json_atomic(run_dir / "result.json", {"config_hash": c.config_hash, "step": c.config.train.steps,
+                                                        "metrics": metrics(c)})
+        write_results(plan)
+        return plan.root
+
+    return make

@@ -1,6 +1,9 @@
 """The files of one run directory, and which configuration owns it.
 
-    run.json        {"config_hash", "name"}: written when a run starts; a directory belongs to one configuration
+    run.json        {"config_hash", "name", "machine", "machines"}: written when a run starts or resumes; a directory
+                    belongs to one configuration. "machine" is this start's (`trainer.files.machine.machine_info`:
+                    CPU model, torch's CPU capability, GPU, torch version, threads), "machines" every distinct one
+                    that has trained into the directory, in order (a resume elsewhere adds one)
     metrics.jsonl   one JSON object per report, {"step": s, metric: value, ...}; each metric at most once per step
     result.json     the final result (config hash, step, stop reason, every final metric, data-parallel workers)
     lm_eval.json    downstream benchmark results of `hdrope eval lm-eval` (flat lm_<task>_<metric> under "metrics")
@@ -35,6 +38,7 @@ __all__ = [
     "default_out_dir",
     "metrics_at",
     "read_lm_eval",
+    "read_machines",
     "read_metrics",
     "read_result",
     "store_tokenizer",
@@ -108,13 +112,15 @@ def read_lm_eval(run_dir: Path) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def claim_run_dir(run_dir: Path, config_hash: str, name: str) -> None:
-    """Make run_dir this configuration's; UserError when it already holds a run of another configuration."""
+def claim_run_dir(run_dir: Path, config_hash: str, name: str, machine: dict[str, Any] | None = None) -> None:
+    """Make run_dir this configuration's, recording the machine that trains it; UserError when it already holds a
+    run of another configuration."""
     run_dir = Path(run_dir)
     owners: dict[str, str] = {}
+    before: dict[str, Any] = {}
     if (run_dir / RUN_FILE).is_file():
-        owners[RUN_FILE] = str(_read_json(run_dir / RUN_FILE, "run.json", "delete the run directory").get(
-            "config_hash", ""))
+        before = _read_json(run_dir / RUN_FILE, "run.json", "delete the run directory")
+        owners[RUN_FILE] = str(before.get("config_hash", ""))
     result = read_result(run_dir)
     if result is not None:
         owners[RESULT_FILE] = str(result.get("config_hash", ""))
@@ -126,7 +132,19 @@ def claim_run_dir(run_dir: Path, config_hash: str, name: str) -> None:
                 "train.out_dir (or leave it empty for runs/<name>-<config hash>), or delete that directory"
             )
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_dir / RUN_FILE, {"config_hash": config_hash, "name": name})
+    machines = [m for m in before.get("machines", []) if isinstance(m, dict)]
+    machines += [machine] if machine is not None and machine not in machines else []
+    write_json_atomic(run_dir / RUN_FILE, {"config_hash": config_hash, "name": name, "machine": machine,
+                                           "machines": machines})
+
+
+def read_machines(run_dir: Path) -> list[dict[str, Any]]:
+    """The machines that trained the run, in order, as its run.json records them ([] when none is recorded)."""
+    path = Path(run_dir) / RUN_FILE
+    if not path.is_file():
+        return []
+    machines = _read_json(path, "run.json", "delete the run directory").get("machines")
+    return [m for m in machines if isinstance(m, dict)] if isinstance(machines, list) else []
 
 
 def store_tokenizer(run_dir: Path, source: Path | None) -> None:

@@ -20,10 +20,12 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from hdrope import HDRotary
 from hdrope.errors import UserError
 from trainer.model.encodings.base import EncodingShape, PositionModule
-from trainer.model.encodings.kind import EncodingKind
+from trainer.model.encodings.kind import EncodingKind, LengthField
 from trainer.model.encodings.rotary import PEConfig
 
 __all__ = [
@@ -37,7 +39,9 @@ __all__ = [
     "check_exportable",
     "dedup_pe",
     "encoding_flops",
+    "encoding_frequencies",
     "encoding_identity",
+    "encoding_lengths",
     "encoding_params",
     "encoding_problems",
     "hf_rotary",
@@ -178,6 +182,20 @@ def encoding_params(pe: Any, shape: EncodingShape) -> int:
 def encoding_flops(pe: Any, shape: EncodingShape) -> float:
     """Matmul FLOPs per token of pe's transform over every layer, forward plus backward."""
     return float(_checked(pe).flops(pe, shape))
+
+
+def encoding_frequencies(pe: Any, shape: EncodingShape) -> np.ndarray | None:
+    """pe's distinct rotation frequencies (radians per token) for a model of `shape`, as its kind declares them;
+    None for a kind without a frequency ladder (bias kinds, NoPE, the kinds with their own frequency sets)."""
+    kind = _checked(pe)
+    return None if kind.frequencies is None else np.asarray(kind.frequencies(pe, shape), dtype=np.float64)
+
+
+def encoding_lengths(pe: Any, shape: EncodingShape) -> list[tuple[LengthField, float]]:
+    """pe's config fields that are lengths in tokens, each with the length it sets for a model of `shape` (fields
+    that are off left out), as its kind declares them."""
+    found = [(f, f.value(pe, shape)) for f in _checked(pe).lengths]
+    return [(f, float(v)) for f, v in found if v is not None]
 
 
 def step_cost_key(pe: Any) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from trainer.evals.position_loss import POSITION_LOSS_FILE, write_position_loss
 from trainer.evals.tasks import evaluate_tasks
 from trainer.evals.tasks_table import TASKS_FILE, write_tasks_table
 from trainer.files.dir_lock import hold_dir_lock
+from trainer.files.machine import machine_info
 from trainer.files.run_files import (
     METRICS_FILE,
     RESULT_FILE,
@@ -378,7 +379,7 @@ def train(cfg: RunConfig, reporter: Reporter | None = None, strategy: str = "ddp
 def _train(run: _Run) -> TrainResult:
     cfg, reporter = run.cfg, run.reporter
     if run.world.main:
-        claim_run_dir(run.run_dir, run.chash, cfg.name)
+        claim_run_dir(run.run_dir, run.chash, cfg.name, machine_info(run.device))
         (run.run_dir / "config.yaml").write_text(config_yaml(cfg))
         store_tokenizer(run.run_dir, getattr(run.data.tokenizer, "path", None))
     run.resume()

@@ -20,7 +20,7 @@ from trainer.model.encodings.bias import (
     positive_problem,
     table_count,
 )
-from trainer.model.encodings.kind import EncodingKind
+from trainer.model.encodings.kind import EncodingKind, LengthField
 
 EPS = 1e-6  # added to the normaliser (the paper's code)
 
@@ -81,6 +81,14 @@ def _problems(pe: FireConfig, s: EncodingShape) -> list[str]:
     return [p for p in found if p]
 
 
+# the threshold L as a length: FIRE normalises by ψ(max(i, L)), so below L the bias is a fixed function of the log
+# distance and the progressive interpolation (normalising by the query's own position) acts only past it
+THRESHOLD = LengthField(
+    "init_threshold", "FIRE's progressive interpolation acts only on query positions past this (initial, learned) "
+    "threshold; below it FIRE is a learned log-distance bias", lambda pe, s: float(pe.init_threshold),
+    "set model.pe.init_threshold to at most the train length (model.max_seq_len), so the evaluated lengths go past it")
+
+
 def _mlp_params(width: int, heads: int) -> int:
     return 2 * width + heads * width + heads
 
@@ -89,7 +97,7 @@ KIND = EncodingKind(
     "fire", FireConfig, lambda c, s: Fire(c.mlp_width, c.init_c, c.init_threshold, c.shared, c.seed, s),
     lambda pe: bias_identity("fire", "FIRE", pe, default_shared=False),
     identity_keys=("shared",), is_rope=lambda row: False, no_export=NO_BIAS_EXPORT, translation_invariant=False,
-    problems=_problems, tables=False, cost_keys=("mlp_width",),
+    problems=_problems, tables=False, cost_keys=("mlp_width",), lengths=(THRESHOLD,),
     params=lambda c, s: table_count(c, s.n_layers) * (_mlp_params(c.mlp_width, s.n_heads) + 2),
     # the MLP on each of a token's max_seq_len query-key pairs, every layer: 2·width·(1 + heads) FLOPs forward,
     # three times that forward plus backward (per token of a sequence, for a batch of one sequence)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hdrope import HDRotary
 from hdrope.rotary import check_rotary
 from trainer.model.encodings.base import EncodingShape, PositionModule
-from trainer.model.encodings.kind import EncodingKind, identity_row, problems_of, scaling_text
-from trainer.model.encodings.rotary import HDRotaryEncoding, PEConfig, canonical_rope
+from trainer.model.encodings.kind import EncodingKind, identity_row, ladder_frequencies, problems_of, scaling_text
+from trainer.model.encodings.rotary import SCALING_LENGTH, HDRotaryEncoding, PEConfig, canonical_rope
 
 
 def _rotary(cfg: PEConfig, s: EncodingShape, fused: bool | None = None) -> HDRotary:
@@ -47,4 +47,5 @@ KIND = EncodingKind(
     "hdrope", PEConfig, _build, _identity, identity_keys=("rotation_dim", "basis"),
     is_rope=lambda row: row["rotation_dim"] == 2,  # any basis (see _dedup)
     translation_invariant=True, dedup=_dedup, problems=_problems, hf_rotary=_rotary,
-    cost_keys=("rotation_dim", "fused"))
+    cost_keys=("rotation_dim", "fused"),
+    frequencies=lambda c, s: ladder_frequencies(c.theta, s.head_dim, c.rotation_dim), lengths=(SCALING_LENGTH,))

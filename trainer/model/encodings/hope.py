@@ -10,7 +10,7 @@ import torch
 
 from hdrope.errors import UserError
 from trainer.model.encodings.base import EncodingShape, rope_freqs
-from trainer.model.encodings.kind import EncodingKind, identity_row, problems_of
+from trainer.model.encodings.kind import EncodingKind, LengthField, identity_row, problems_of
 from trainer.model.encodings.rotary import FrequencyRoPE, check_theta
 
 
@@ -34,6 +34,12 @@ def _train_len(pe: HoPEConfig, s: EncodingShape) -> int:
     return pe.train_len or s.max_seq_len
 
 
+TRAIN_LEN = LengthField(
+    "train_len", "HoPE keeps only the frequencies that finish a period within it, as if it were the train length",
+    _train_len, "leave model.pe.train_len at 0 (the train length, model.max_seq_len) or set it below the longest "
+    "evaluated length")
+
+
 def _check(pe: HoPEConfig) -> None:
     n = pe.train_len
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
@@ -49,5 +55,5 @@ KIND = EncodingKind(
                             pe.theta),
     identity_keys=("train_len",), is_rope=lambda row: False,
     no_export=("its removed frequencies are 0, which HF's per-frequency factors cannot express exactly"),
-    translation_invariant=True,
+    translation_invariant=True, lengths=(TRAIN_LEN,),
     problems=lambda c, s: problems_of("hope", lambda: _check(c)))

@@ -11,11 +11,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from hdrope import HDRotary
 from hdrope.errors import UserError
+from hdrope.frequencies import block_layout
 from trainer.model.encodings.base import EncodingShape, PositionModule
 
-__all__ = ["EncodingKind", "identity_row", "no_problems", "pct", "problems_of", "scaling_text"]
+__all__ = ["EncodingKind", "LengthField", "identity_row", "ladder_frequencies", "no_problems", "pct", "problems_of",
+           "scaling_text"]
 
 
 def no_problems(pe: Any, shape: EncodingShape) -> list[str]:
@@ -29,6 +33,25 @@ def _none(pe: Any, shape: EncodingShape) -> int:
 
 def _as_is(pe: Any) -> Any:
     return pe
+
+
+@dataclass(frozen=True)
+class LengthField:
+    """A config field of a kind that is a length in tokens, and what the kind does at positions past it.
+
+    `value(pe, shape)` is the length the built module uses (a default such as 0 resolved to the model's), or None
+    when the field is off; `fix` says how to bring it inside the evaluated lengths."""
+
+    key: str  # the field under model.pe., as a spec sets it
+    meaning: str  # what happens past the length, e.g. "FIRE's progressive interpolation starts past it"
+    value: Callable[[Any, EncodingShape], float | None]
+    fix: str
+
+
+def ladder_frequencies(theta: float, head_dim: int, rotation_dim: int) -> np.ndarray:
+    """The distinct angular frequencies (radians per token) of HD-RoPE's ladder at (head_dim, rotation_dim):
+    theta^(-e) for each exponent of `hdrope.frequencies.block_layout` (RoPE at rotation_dim 2)."""
+    return float(theta) ** -block_layout(head_dim, rotation_dim).exponents()
 
 
 @dataclass(frozen=True)
@@ -50,6 +73,9 @@ class EncodingKind:
     params: Callable[[Any, EncodingShape], int] = _none  # trainable parameters of the built module
     flops: Callable[[Any, EncodingShape], float] = _none  # matmul FLOPs per token of its transform, fwd + bwd
     cost_keys: tuple[str, ...] = ()  # config fields besides the kind that change the training step time
+    # its distinct rotation frequencies (radians per token) for a model of that shape; None: no frequency ladder
+    frequencies: Callable[[Any, EncodingShape], np.ndarray] | None = None
+    lengths: tuple[LengthField, ...] = ()  # its config fields that are lengths in tokens (the planner checks them)
 
     @property
     def exportable(self) -> bool:

@@ -10,7 +10,7 @@ from torch import nn
 from hdrope.bases import basis_generator
 from hdrope.errors import UserError
 from trainer.model.encodings.base import EncodingShape, PhaseTable, PositionModule
-from trainer.model.encodings.kind import EncodingKind, identity_row, problems_of
+from trainer.model.encodings.kind import EncodingKind, identity_row, ladder_frequencies, problems_of
 from trainer.model.encodings.rotary import check_theta
 
 PARAMETERISATIONS = ("expm", "cayley")
@@ -115,4 +115,4 @@ KIND = EncodingKind(
     problems=_problems, params=_params,
     # K·x on every N-block of q and k: 2·N·head_dim per head and layer forward, twice that backward
     flops=lambda c, s: 6.0 * c.rotation_dim * s.head_dim * (s.n_heads + s.n_kv_heads) * s.n_layers,
-    cost_keys=("rotation_dim",))
+    cost_keys=("rotation_dim",), frequencies=lambda c, s: ladder_frequencies(c.theta, s.head_dim, c.rotation_dim))

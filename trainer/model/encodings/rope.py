@@ -5,8 +5,8 @@ from __future__ import annotations
 from hdrope import HDRotary
 from hdrope.rotary import check_rotary
 from trainer.model.encodings.base import EncodingShape, PositionModule
-from trainer.model.encodings.kind import EncodingKind, identity_row, problems_of, scaling_text
-from trainer.model.encodings.rotary import HDRotaryEncoding, PEConfig, canonical_rope
+from trainer.model.encodings.kind import EncodingKind, identity_row, ladder_frequencies, problems_of, scaling_text
+from trainer.model.encodings.rotary import SCALING_LENGTH, HDRotaryEncoding, PEConfig, canonical_rope
 
 
 def _rotary(cfg: PEConfig, s: EncodingShape, fused: bool | None = None) -> HDRotary:
@@ -28,4 +28,5 @@ KIND = EncodingKind(
     "rope", PEConfig, _build,
     identity=lambda pe: identity_row("rope", "RoPE", 2, "identity", None, pe.theta, scaling_text(pe.scaling)),
     identity_keys=(), is_rope=lambda row: True, translation_invariant=True, dedup=canonical_rope,
-    problems=_problems, hf_rotary=_rotary, cost_keys=("rotation_dim", "fused"))
+    problems=_problems, hf_rotary=_rotary, cost_keys=("rotation_dim", "fused"),
+    frequencies=lambda c, s: ladder_frequencies(c.theta, s.head_dim, 2), lengths=(SCALING_LENGTH,))

@@ -11,8 +11,9 @@ import torch
 
 from hdrope import HDRotary
 from hdrope.errors import UserError
-from hdrope.scaling import is_seq_dependent
-from trainer.model.encodings.base import CosSinCache, PhaseTable, PositionModule, rotate_pairs
+from hdrope.scaling import is_seq_dependent, validate_scaling
+from trainer.model.encodings.base import CosSinCache, EncodingShape, PhaseTable, PositionModule, rotate_pairs
+from trainer.model.encodings.kind import LengthField
 
 
 @dataclass
@@ -30,6 +31,19 @@ class PEConfig:
     seed: int = 0  # seed of the random basis
     scaling: dict[str, Any] | None = None  # HF rope_scaling keys
     fused: bool | None = None  # torch.compile the rotary kernel; None: on CUDA with Triton, eager elsewhere
+
+
+def _original_length(pe: PEConfig, s: EncodingShape) -> int | None:
+    scaling = validate_scaling(pe.scaling, s.max_seq_len, pe.theta)  # fills what HF fills from the model
+    return None if scaling is None else scaling.get("original_max_position_embeddings")
+
+
+# rope_scaling's original length (rope and hdrope): the length the scaling takes as trained
+SCALING_LENGTH = LengthField(
+    "scaling.original_max_position_embeddings",
+    "the context rope_scaling takes as trained; it is built to stretch the rotation to positions past it",
+    _original_length,
+    "set it to the train length (model.max_seq_len) or leave it out, so the evaluated lengths go past it")
 
 
 def canonical_rope(pe: Any) -> PEConfig:

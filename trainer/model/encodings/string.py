@@ -15,7 +15,7 @@ from hdrope.errors import UserError
 from hdrope.rotary import check_rotary
 from trainer.model.encodings.base import EncodingShape, PositionModule, kv_group, rope_freqs
 from trainer.model.encodings.generator import GeneratorRotary
-from trainer.model.encodings.kind import EncodingKind, identity_row, problems_of
+from trainer.model.encodings.kind import EncodingKind, identity_row, ladder_frequencies, problems_of
 from trainer.model.encodings.learned_basis import orthogonal
 from trainer.model.encodings.liere import generator_flops
 from trainer.model.encodings.rotary import RotaryTable
@@ -145,4 +145,5 @@ KIND = EncodingKind(
     "string", STRINGConfig, _build,
     lambda pe: identity_row("string", _label(pe), int(pe.rotation_dim), f"learned-{pe.variant}", None, pe.theta),
     identity_keys=("variant", "rotation_dim", "per_head"), is_rope=lambda row: False, translation_invariant=True,
-    problems=_problems, hf_rotary=_hf_rotary, params=_params, flops=_flops, cost_keys=("variant", "rotation_dim"))
+    problems=_problems, hf_rotary=_hf_rotary, params=_params, flops=_flops, cost_keys=("variant", "rotation_dim"),
+    frequencies=lambda c, s: ladder_frequencies(c.theta, s.head_dim, c.rotation_dim))  # circulant: at init
