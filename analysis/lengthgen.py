@@ -136,7 +136,7 @@ def learned_table(cells: pd.DataFrame, threshold: float = LEARNED_THRESHOLD) -> 
 def position_losses(cells: pd.DataFrame) -> pd.DataFrame:
     """The loss-by-position rows of every cell that has them, with the cell's row index as `cell`."""
     frames = []
-    for idx, run_dir in cells["run_dir"].items():
+    for idx, run_dir in (cells["run_dir"].items() if "run_dir" in cells else []):  # shipped results: no run dirs
         path = Path(run_dir) / POSITION_LOSS_FILE
         if path.is_file():
             t = read_position_loss(path).to_pandas()[["length_factor", "length", "position", "loss", "tokens"]]
