@@ -160,3 +160,27 @@ def test_sweep_plan_detect_says_it_sized_the_declared_family(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "sized for the spec's declared family: 2 questions" in out.stdout
     assert "Holm over the plan's 2 comparisons" in out.stdout
+
+
+def test_a_shipped_study_keeps_its_questions(tmp_path):
+    """Shipping a sweep whose spec declares questions keeps them: the rebuilt report marks only those."""
+    from analysis.docs_results import render
+    from analysis.shipped import drift, load_study, rebuild, ship
+    from sweeps.plan_file import save_plan
+
+    plan = save_plan(make_plan(load_spec(_spec(tmp_path))))
+    results = _results(plan).assign(status="FINISHED")
+    results.attrs = {"axes": plan.axes, "seed_axes": plan.seed_axes}
+    (plan.root / "results.parquet").unlink(missing_ok=True)
+    pilot = _pilot(tmp_path, results)
+    (pilot / "results.parquet").replace(plan.root / "results.parquet")
+    ship(plan.root, tmp_path / "results" / "study")
+    study = load_study(tmp_path / "results" / "study")
+    assert [(q.variant, q.reference, q.metric) for q in study.questions] == [
+        ("4D identity", "RoPE", "val_loss_x4"), ("4D Paley", "4D identity", "val_loss_x4")]
+    assert set(study.comparisons["correction"]) == {"holm", "exploratory"}
+    md = rebuild(tmp_path / "results" / "study")
+    assert "## Declared questions" in md and md.count("| * |") == 1 and drift(tmp_path / "results" / "study") == []
+    declared = render("study", "declared", tmp_path / "results")
+    assert declared.count("\n") == 4 and "| 4D Paley | " in declared and "| * |" in declared  # 2 rows + header
+    assert "exploratory" in render("study", "exploratory", tmp_path / "results")
