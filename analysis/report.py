@@ -13,6 +13,8 @@ the unit of replication everywhere:
 - Length generalisation (`lengthgen_section`, docs/length-generalisation.md): exact match by evaluated length per
   task (k/n, Wilson; "not learned" below 0.9 at 1x, without tests or verdicts) and effective lengths per seed, each
   table one Holm family named in its caption.
+- Declared questions (a spec's `questions:`, `analysis.questions`): Holm over those comparisons only, and only they
+  are marked; every other comparison is listed as exploratory, unmarked, and the tables above carry no marks.
 - Costs (tokens/s, MFU, the final evaluation's seconds) are a separate table: the median over each run's history,
   never tested.
 - Figures carry intervals over seeds and captions that say what they pooled (`analysis.figures`).
