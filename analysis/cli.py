@@ -70,12 +70,27 @@ def theory_main(argv: list[str]) -> int:
 
 
 def report_main(argv: list[str]) -> int:
-    """`hdrope report NAME`: Markdown + PNG figures in the sweep dir, logged to the sweep's MLflow parent run."""
+    """`hdrope report NAME`: Markdown + PNG figures in the sweep dir, logged to the sweep's MLflow parent run.
+    `--ship FOLDER` also writes the study's shipped results there (cells.csv, comparisons.csv, study.json);
+    `hdrope report --from-results FOLDER` rebuilds the report's tables and verdicts from such a folder alone;
+    `hdrope report --docs` rewrites the docs' generated results blocks from experiments/results/."""
     p = argparse.ArgumentParser(prog="hdrope report", description=report_main.__doc__)
-    p.add_argument("name", help="sweep name or sweep directory")
+    p.add_argument("name", nargs="?", default="", help="sweep name or sweep directory")
     p.add_argument("--storage", default="runs/sweeps")
     p.add_argument("--tracking-uri", default=None)
+    p.add_argument("--ship", default="", metavar="FOLDER",
+                   help="also write the study's shipped results into FOLDER, e.g. experiments/results/quickstart")
+    p.add_argument("--from-results", default="", metavar="FOLDER",
+                   help="rebuild the report from a shipped results folder alone (no run directories)")
+    p.add_argument("--out", default="", help="with --from-results: write the Markdown here instead of printing it")
+    p.add_argument("--docs", action="store_true",
+                   help="rewrite every <!-- results:STUDY:TABLE --> block of README.md and docs/*.md from "
+                        "experiments/results/")
     a = p.parse_args(argv)
+    if a.docs or a.from_results:
+        return _shipped_main(a)
+    if not a.name:
+        raise UserError("give a sweep NAME (or --from-results FOLDER, or --docs)")
     path = Path(a.name)
     if not (path / "results.parquet").is_file():
         if "/" in a.name or ".." in a.name:
@@ -86,6 +101,31 @@ def report_main(argv: list[str]) -> int:
     report = build_report(path, a.tracking_uri)
     print("\n".join(verdict_lines(report.parent)))
     print(f"\nwritten to {report}")
+    if a.ship:
+        from analysis.shipped import ship
+
+        print(f"shipped: {', '.join(str(f) for f in ship(path, a.ship))}")
+    return 0
+
+
+def _shipped_main(a: argparse.Namespace) -> int:
+    """`hdrope report --from-results FOLDER` and `hdrope report --docs`."""
+    if a.name or a.ship:
+        raise UserError("--from-results and --docs read shipped results only: leave out NAME and --ship")
+    if a.docs:
+        from analysis.docs_results import doc_files, regenerate
+
+        changed = regenerate(doc_files())
+        print("\n".join(f"rewrote {f}" for f in changed) or "every results block is up to date")
+        return 0
+    from analysis.shipped import rebuild
+
+    text = rebuild(a.from_results)
+    if a.out:
+        Path(a.out).write_text(text)
+        print(f"written to {a.out}")
+    else:
+        print(text)
     return 0
 
 
@@ -114,8 +154,15 @@ def seeds_main(argv: list[str]) -> int:
     pilot = Path(a.pilot)
     if not pilot.is_dir() and "/" not in a.pilot and ".." not in a.pilot:
         pilot = Path(a.storage) / a.pilot
+    if plan.spec.questions:  # the declared family is what the report will correct over
+        from analysis.questions import question_advice
+
+        advice, said = question_advice(pilot, planned_frame(plan), plan.spec.questions, a.detect, a.metric)
+        print("\n".join([*said, *advice.lines()]))
+        return 0
     advice = seed_advice(pilot, planned_frame(plan), a.metric or plan.spec.search.metric, a.detect)
     print("\n".join(advice.lines()))
     for note in design_warnings(plan.cells, plan.compares, a.detect):  # the windows judged against --detect
         print(f"warning: {note}", file=sys.stderr)
     return 0
+

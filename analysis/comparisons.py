@@ -17,11 +17,12 @@ from analysis.stats import CORRECTIONS, adjust, compare, detectable_difference, 
 from analysis.variants import theta_text, variant_axes
 from trainer.model.position import identity_is_rope
 
-__all__ = ["COLUMNS", "comparison_family", "comparison_table", "correction_text", "fmt", "is_rope", "references",
-           "verdict"]
+__all__ = ["COLUMNS", "EXPLORATORY", "comparison_family", "comparison_table", "corrected", "correction_text", "fmt",
+           "is_rope", "pair_row", "references", "verdict"]
 
 COLUMNS = ["metric", "theta", "variant", "reference", "delta", "lo", "hi", "p", "p_adj", "n", "paired", "method",
            "testable", "significant", "mde", "family", "correction", "level"]
+EXPLORATORY = "exploratory"  # the correction of a comparison outside a study's declared family: never marked
 
 
 def is_rope(cells: pd.DataFrame) -> pd.Series:
@@ -55,6 +56,21 @@ def _arms(values: pd.DataFrame, variant: str, reference: str, theta: float) -> t
     return _at(values, variant, theta), _at(values, reference, theta)
 
 
+def pair_row(values: pd.DataFrame, metric: str, variant: str, reference: str, theta: float,
+             level: float = 0.95) -> dict | None:
+    """The uncorrected comparison variant − reference at θ from `seed_values` rows (paired by seed when both ran
+    the same seeds, else Welch), as a row of COLUMNS before correction (plus sd); None when either did not run."""
+    t, r = _arms(values, variant, reference, theta)
+    if t.empty or r.empty:
+        return None
+    paired = set(t.index) == set(r.index)
+    c = (compare(t.sort_index().to_numpy(), r.sort_index().to_numpy(), paired=True, level=level) if paired
+         else compare(t.to_numpy(), r.to_numpy(), paired=False, level=level))
+    return {"metric": metric, "theta": theta, "variant": variant, "reference": reference,
+            "delta": c.delta, "lo": c.lo, "hi": c.hi, "p": c.p, "n": c.n, "paired": c.paired,
+            "method": c.method, "testable": c.testable, "sd": c.sd}
+
+
 def _rows(cells: pd.DataFrame, metric: str, level: float) -> list[dict]:
     """The uncorrected comparisons of one metric: a row per (θ, variant with a RoPE reference) that both ran."""
     values = seed_values(cells, metric)
@@ -63,15 +79,8 @@ def _rows(cells: pd.DataFrame, metric: str, level: float) -> list[dict]:
     thetas = sorted({float(t) for t in values["theta"].dropna()})
     for theta in thetas:
         for variant in sorted(refs, key=lambda v: values.loc[values["variant"] == v, "variant_rank"].min()):
-            t, r = _arms(values, variant, refs[variant], theta)
-            if t.empty or r.empty:
-                continue
-            paired = set(t.index) == set(r.index)
-            c = (compare(t.sort_index().to_numpy(), r.sort_index().to_numpy(), paired=True, level=level) if paired
-                 else compare(t.to_numpy(), r.to_numpy(), paired=False, level=level))
-            rows.append({"metric": metric, "theta": theta, "variant": variant, "reference": refs[variant],
-                         "delta": c.delta, "lo": c.lo, "hi": c.hi, "p": c.p, "n": c.n, "paired": c.paired,
-                         "method": c.method, "testable": c.testable, "sd": c.sd})
+            if (row := pair_row(values, metric, variant, refs[variant], theta, level)) is not None:
+                rows.append(row)
     return rows
 
 
@@ -80,7 +89,13 @@ def comparison_family(cells: pd.DataFrame, metrics: list[str], level: float = 0.
     """The comparisons of several metrics corrected as one family (a table whose columns are metrics, such as
     accuracy by length or effective lengths): the rows of `comparison_table` for each metric, with p_adj,
     significance and the detectable difference taken over all of them."""
-    table = pd.DataFrame([r for m in metrics for r in _rows(cells, m, level)], columns=[*COLUMNS, "sd"])
+    return corrected([r for m in metrics for r in _rows(cells, m, level)], level, correction)
+
+
+def corrected(rows: list[dict], level: float = 0.95, correction: str = "holm") -> pd.DataFrame:
+    """Uncorrected comparison rows (`pair_row`) as one family: p_adj by `correction`, significance, and the
+    80%-power detectable difference at the Bonferroni level of the family."""
+    table = pd.DataFrame(rows, columns=[*COLUMNS, "sd"])
     alpha = 1 - level
     family = int(table["p"].notna().sum())
     table["p_adj"] = adjust(table["p"].tolist(), correction) if len(table) else []
@@ -117,6 +132,9 @@ def verdict(row: pd.Series) -> str:
     if not np.isnan(row["lo"]):  # unbounded (±∞) where the exact test over these seeds can reject no shift
         head += f" [{fmt(row['lo'])}, {fmt(row['hi'])}]"
     enough = seeds_to_reach(1 - row["level"], True)
+    if row["correction"] == EXPLORATORY:
+        return (f"{head} (exploratory, not a declared question: uncorrected p = {_p_text(row['p'])}, "
+                f"{row['n']} {'paired seeds' if row['paired'] else 'seeds per arm (Welch)'}): no mark, no conclusion.")
     if row["n"] < 2:
         return f"{head}; one seed per arm: nothing can be concluded (run at least {enough} paired seeds)."
     test = f"{design}, {row['method']} p = {_p_text(row['p'])}, {row['correction'].capitalize()} p = " \

@@ -144,7 +144,7 @@ def position_losses(cells: pd.DataFrame) -> pd.DataFrame:
     """The loss-by-position rows of every cell that has them, with the cell's row index as `cell` (the paired
     columns nan where a file predates them)."""
     frames = []
-    for idx, run_dir in cells["run_dir"].items():
+    for idx, run_dir in (cells["run_dir"].items() if "run_dir" in cells else []):  # shipped results: no run dirs
         path = Path(run_dir) / POSITION_LOSS_FILE
         if path.is_file():
             t = read_position_loss(path).to_pandas()

@@ -25,7 +25,8 @@ __all__ = ["COST_METRICS", "cost_table", "is_proportion", "outcome_metrics", "re
 
 # an accuracy metric's pattern -> its count column: lm-eval documents, and synthetic-task prompts per length factor
 _PROPORTIONS = ((re.compile(r"^lm_(?P<task>.+)_(acc|acc_norm|exact_match)$"), "lm_{task}_n"),
-                (re.compile(r"^acc_(?P<task>.+)_x(?P<tag>[0-9.]+)$"), "n_{task}_x{tag}"))
+                (re.compile(r"^acc_(?P<task>.+)_x(?P<tag>[0-9.]+)$"), "n_{task}_x{tag}"),
+                (re.compile(r"^passkey_acc$"), "passkey_n"))  # shipped results carry the prompt count (no tables)
 
 
 def _lm_count_column(metric: str) -> str | None:
@@ -44,8 +45,8 @@ def outcome_metrics(metrics: list[str]) -> list[str]:
 
 def is_proportion(cells: pd.DataFrame, metric: str) -> bool:
     """Whether metric is k of n trials in these cells (passkey prompts, or lm-eval documents with a count column)."""
-    if metric == "passkey_acc":
-        return "passkey_path" in cells
+    if metric == "passkey_acc" and "passkey_path" in cells:
+        return True
     return (col := _lm_count_column(metric)) is not None and col in cells and cells[col].notna().any()
 
 
@@ -56,7 +57,7 @@ def read_passkey(path: Path) -> pd.DataFrame:
 
 def _counts(cells: pd.DataFrame, metric: str) -> tuple[np.ndarray, np.ndarray]:
     """(k, n) per cell row for a proportion metric."""
-    if metric == "passkey_acc":
+    if metric == "passkey_acc" and "passkey_path" in cells:
         k, n = [], []
         for path, acc in zip(cells["passkey_path"], cells[metric], strict=True):
             if Path(path).is_file() and np.isfinite(acc):

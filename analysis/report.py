@@ -13,6 +13,8 @@ the unit of replication everywhere:
 - Length generalisation (`lengthgen_section`, docs/length-generalisation.md): exact match by evaluated length per
   task (k/n, Wilson; "not learned" below 0.9 at 1x, without tests or verdicts) and effective lengths per seed, each
   table one Holm family named in its caption.
+- Declared questions (a spec's `questions:`, `analysis.questions`): Holm over those comparisons only, and only they
+  are marked; every other comparison is listed as exploratory, unmarked, and the tables above carry no marks.
 - Costs (tokens/s, MFU, the final evaluation's seconds) are a separate table: the median over each run's history,
   never tested.
 - Figures carry intervals over seeds and captions that say what they pooled (`analysis.figures`).
@@ -20,8 +22,9 @@ the unit of replication everywhere:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -52,6 +55,7 @@ from analysis.machines import machine_lines
 from analysis.mechanism import mechanism_lines
 from analysis.outcomes import COST_METRICS, cost_table, is_proportion, outcome_metrics, seed_values
 from analysis.plots import save
+from analysis.questions import declared_family, exploratory, questions_markdown
 from analysis.stats import mean_interval, proportion_interval
 from analysis.variants import theta_text, trained
 from hdrope.errors import UserError
@@ -61,7 +65,7 @@ if TYPE_CHECKING:
     from sweeps.plan import Plan
 
 __all__ = ["ablation_table", "build_report", "comparisons", "lengthgen_section", "metric_columns", "references",
-           "report_figures", "verdict_lines"]
+           "report_figures", "report_tables", "verdict_lines", "verdict_markdown"]
 
 _NOT_METRICS = {"seed", "steps", "theta", "rotation_dim", "basis_seed", *MACHINE_COLUMNS}
 LEVEL, CORRECTION = 0.95, "holm"
@@ -103,14 +107,15 @@ def comparisons(results: pd.DataFrame, metric: str) -> pd.DataFrame:
     return comparison_table(_cells(results), metric, LEVEL, CORRECTION)
 
 
-def ablation_table(results: pd.DataFrame, metric: str) -> pd.DataFrame:
+def ablation_table(results: pd.DataFrame, metric: str, marked: bool = True) -> pd.DataFrame:
     """Rows: variants (in identity order); columns: θ; cells: the mean over seeds ± half its 95% t-interval (n
     seeds), or k/n with Wilson's interval for accuracies; '*' where the difference to RoPE at that θ is significant
-    after the table's Holm correction, 'too few seeds to test' where the design cannot reach 5%."""
+    after the table's Holm correction, 'too few seeds to test' where the design cannot reach 5%; no marks unless
+    `marked` (a study with declared questions marks only those)."""
     cells = _cells(results)
     values = seed_values(cells, metric)
     proportion = is_proportion(cells, metric)
-    marks = _marks(comparison_table(cells, metric, LEVEL, CORRECTION))
+    marks = _marks(comparison_table(cells, metric, LEVEL, CORRECTION)) if marked else {}
     thetas = sorted({float(t) for t in values["theta"].dropna()}) + ([np.nan] if values["theta"].isna().any() else [])
     out: dict[str, dict[str, str]] = {}
     ranks = cells.drop_duplicates("variant").set_index("variant")["variant_rank"]
@@ -224,10 +229,11 @@ def _loss_reasons(cells: pd.DataFrame) -> str:
         if len(missing) else ""
 
 
-def lengthgen_section(cells: pd.DataFrame) -> tuple[list[str], list[pd.DataFrame]]:
+def lengthgen_section(cells: pd.DataFrame, marked: bool = True) -> tuple[list[str], list[pd.DataFrame]]:
     """The length-generalisation tables (accuracy by length per task, effective lengths), each one Holm family
     named in its caption, with their comparisons; ([], []) when the cells have neither task metrics nor
-    loss-by-position tables."""
+    loss-by-position tables. Not `marked`: the tables without marks, their comparisons returned for the caller's
+    exploratory part."""
     tasks = task_metrics(list(cells.columns))
     learned = learned_table(cells)
     cells = with_effective_lengths(cells, learned=learned)
@@ -251,13 +257,14 @@ def lengthgen_section(cells: pd.DataFrame) -> tuple[list[str], list[pd.DataFrame
         masked.loc[out, [*by_factor.values(), *(c for c in counts if c in masked)]] = np.nan  # no test, no verdict
         tests = comparison_family(masked, list(by_factor.values()), LEVEL, CORRECTION)
         all_tests.append(tests)
-        grid = _metric_grid(cells, {f"{f:g}x": m for f, m in by_factor.items()}, tests, blocked)
+        grid = _metric_grid(cells, {f"{f:g}x": m for f, m in by_factor.items()}, tests if marked else tests[:0],
+                            blocked)
         md += [f"### {task}: exact match by evaluated length", "", _markdown(grid), "",
                "_Cells: k/n pooled over seeds and prompts with Wilson's 95% interval; tests use the per-seed "
                "accuracy (prompts are identical across variants within a seed)._",
-               f"_* differs from RoPE at that length: {correction_text(CORRECTION)} over the {len(tests)} "
-               f"comparisons of this table (one family: every learned variant × length), at 5%._", ""]
-        if len(tests):
+               *([f"_* differs from RoPE at that length: {correction_text(CORRECTION)} over the {len(tests)} "
+                  f"comparisons of this table (one family: every learned variant × length), at 5%._"] * marked), ""]
+        if len(tests) and marked:
             md += [_comparison_markdown(tests), ""]
         for _, mine in rows[rows["task"] == task].groupby("trained_distance"):
             md += [f"### {task}: exact match by distance", "", _markdown(distance_grid(cells, mine, set(blocked))), "",
@@ -269,15 +276,15 @@ def lengthgen_section(cells: pd.DataFrame) -> tuple[list[str], list[pd.DataFrame
     all_tests.append(tests)
     task_text = (effective_length_text() if len(rows) else "in multiples of the train length: the longest evaluated "
                  f"length up to which {DEFAULT_RULE.text()} (not learned: no value)")
-    md += ["### Effective length", "", _markdown(_metric_grid(cells, eff, tests)), "",
+    md += ["### Effective length", "", _markdown(_metric_grid(cells, eff, tests if marked else tests[:0])), "",
            f"_Per seed. Tasks: {task_text}. Loss (× train length, analysis.loss_length): the first bin past the train "
            f"length where the same tokens' full-context loss exceeds their train-length-context loss by more than "
            f"{LOSS_TOLERANCE:g} nats beyond a Bonferroni one-sided bound over the bins; censored at the window "
            f"length when none does; no value when the model never learned to use context or the file predates the "
            f"paired columns{_loss_reasons(cells)}. Cells: mean over seeds ± half the 95% Student-t interval._",
-           f"_* differs from RoPE: {correction_text(CORRECTION)} over the {len(tests)} comparisons of this table (one "
-           "family), paired by seed where both ran the same seeds._", ""]
-    if len(tests):
+           *([f"_* differs from RoPE: {correction_text(CORRECTION)} over the {len(tests)} comparisons of this table "
+              "(one family), paired by seed where both ran the same seeds._"] * marked), ""]
+    if len(tests) and marked:
         md += [_comparison_markdown(tests), ""]
     return md, all_tests
 
@@ -335,19 +342,8 @@ def build_report(sweep_dir: str | Path, tracking_uri: str | None = None) -> Path
           f"{len(variants)} variants: {', '.join(variants)}. Averaged over: "
           f"{', '.join(seed_axes) or 'nothing (no seed axis)'}; the seed is the unit of every interval and test.", "",
           *machine_lines(cells), ""]
-    metrics = [m for m in outcome_metrics(metric_columns(results)) if not is_task_metric(m)]
-    md += ["## Outcome tables", ""]
-    all_tests = []
-    for metric in metrics:
-        tests = comparison_table(cells, metric, LEVEL, CORRECTION)
-        all_tests.append(tests)
-        md += [f"### {metric}", "", _markdown(ablation_table(results, metric)), "",
-               *_table_notes(cells, metric, tests), ""]
-        if len(tests):
-            md += [_comparison_markdown(tests), ""]
-    length_md, length_tests = lengthgen_section(cells)
-    md += length_md
-    all_tests += length_tests
+    tables_md, all_tests = report_tables(results, cells, plan.spec.questions if plan else [])
+    md += tables_md
     md += _cost_markdown(cells)
     if mech := mechanism_lines(cells):
         md += ["## Optimiser mechanism: is the Paley − identity gap an optimiser effect? (NOTES §2)", "",
@@ -379,14 +375,45 @@ def build_report(sweep_dir: str | Path, tracking_uri: str | None = None) -> Path
             md.append(f"| {r['variant']} | {r['step_ms']:.1f} | {r['vs_rope']:.3f}× | {r['tokens_per_s']:.0f} "
                       f"| {r['mfu']:.3f} |")
         md.append("")
-    lines = [verdict(r) for t in all_tests for _, r in t.iterrows()]
-    md += ["## Verdicts (one per comparison)", "", *([f"- {v}" for v in lines] or ["_No variant had a RoPE "
-                                                                                   "reference to compare with._"]), ""]
+    md += verdict_markdown(all_tests)
     report = out / "report.md"
     report.write_text("\n".join(md))
     (out / "comparisons.csv").write_text(pd.concat(all_tests).to_csv(index=False) if all_tests else "")
     _log_to_mlflow(sweep_dir, name, [report, out / "comparisons.csv", *saved], tracking_uri or _spec_uri(plan))
     return report
+
+
+def report_tables(results: pd.DataFrame, cells: pd.DataFrame, questions: Sequence[Any] = ()
+                  ) -> tuple[list[str], list[pd.DataFrame]]:
+    """The report's outcome and length-generalisation tables as Markdown lines, with their comparison tables. With
+    declared `questions` (`analysis.questions`), only those are one marked family and every other comparison is
+    shown as exploratory, unmarked."""
+    metrics = [m for m in outcome_metrics(metric_columns(results)) if not is_task_metric(m)]
+    md = ["## Outcome tables", ""]
+    all_tests = []
+    for metric in metrics:
+        tests = comparison_table(cells, metric, LEVEL, CORRECTION)
+        all_tests.append(tests)
+        md += [f"### {metric}", "", _markdown(ablation_table(results, metric, marked=not questions)), "",
+               *_table_notes(cells, metric, tests[:0] if questions else tests), ""]
+        if len(tests) and not questions:
+            md += [_comparison_markdown(tests), ""]
+    length_md, length_tests = lengthgen_section(cells, marked=not questions)
+    md += length_md
+    all_tests += length_tests
+    if questions:
+        declared, missing = declared_family(cells, questions, LEVEL, CORRECTION)
+        explore = exploratory(all_tests, declared)
+        md += questions_markdown(declared, explore, missing)
+        all_tests = [declared, explore]
+    return md, all_tests
+
+
+def verdict_markdown(all_tests: Sequence[pd.DataFrame]) -> list[str]:
+    """The report's last section: one verdict line per comparison."""
+    lines = [verdict(r) for t in all_tests for _, r in t.iterrows()]
+    return ["## Verdicts (one per comparison)", "", *([f"- {v}" for v in lines] or ["_No variant had a RoPE "
+                                                                                   "reference to compare with._"]), ""]
 
 
 def verdict_lines(report_dir: Path) -> list[str]:

@@ -14,7 +14,7 @@ import sys
 
 from hdrope.errors import UserError, one_line
 
-__all__ = ["BENCHES", "COMMANDS", "main", "run_command"]
+__all__ = ["BENCHES", "COMMANDS", "PLAN_CHECKS", "main", "plan_problems", "run_command"]
 
 # name -> (target, one-line help). Each package registers its own entries here by string only.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -39,6 +39,12 @@ BENCHES: dict[str, tuple[str, str]] = {
               "task-evaluation cost"),
     "sweep": ("sweeps.bench:main", "an 8-cell tiny grid under Ray Tune vs back to back in one process"),
     "analysis": ("analysis.bench:main", "effective-rank throughput (maps/s) at L = 256 and 1024 over a stored dump"),
+}
+
+
+# what a plan checks in another package, by string (spec key -> "module:function" taking the Plan, returning problems)
+PLAN_CHECKS: dict[str, str] = {
+    "questions": "analysis.questions:plan_problems",  # declared questions name planned variants and metrics
 }
 
 
@@ -72,6 +78,11 @@ def run_command(name: str, argv: list[str]) -> int:
     """Run the command `name` of COMMANDS with argv, imported by its string: how one package's command hands over
     to another's (`hdrope sweep plan --detect` to the analysis's `hdrope seeds`) without importing it."""
     return int(_load(COMMANDS[name][0])(argv) or 0)
+
+
+def plan_problems(plan) -> list[str]:
+    """The problems PLAN_CHECKS find in a plan, for each spec key that is set (imported only then)."""
+    return [p for key, target in PLAN_CHECKS.items() if getattr(plan.spec, key, None) for p in _load(target)(plan)]
 
 
 def bench_main(argv: list[str]) -> int:

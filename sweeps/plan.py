@@ -339,6 +339,10 @@ def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
                 except UserError as err:
                     errs = [str(err).split(": ", 1)[-1]]
                 problems.extend(f"search.space.{key}={value!r}: {e}" for e in errs)
+    if not problems:  # checks other packages own (the declared questions), on the resolved cells
+        from sweeps.console import plan_problems
+
+        problems = plan_problems(Plan(spec, cells, root))
     if problems:
         raise SpecError(source, problems)
     first: dict[str, str] = {}

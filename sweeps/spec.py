@@ -16,23 +16,26 @@ max_failures: 1                  # retries of a failed trial, each from its last
 checkpoint_every: 0              # 0: keep the base config's train.ckpt_every
 storage: runs/sweeps             # sweep directory = storage/name
 tracking_uri: ""                 # "": sqlite:///<sweep dir>/mlflow.db
+questions:                       # optional: the declared comparisons, the report's one Holm family
+  - {variant: "4D Paley", reference: "RoPE", metric: val_loss_x4}
 ```
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hdrope.errors import UserError
 from trainer.config import name_problem
 from trainer.presets import refuse_interpolations
 
-__all__ = ["ParamSpace", "Resources", "Search", "SpecError", "SweepSpec", "check_name", "load_spec"]
+__all__ = ["ParamSpace", "Question", "Resources", "Search", "SpecError", "SweepSpec", "check_name", "load_spec"]
 
 class SpecError(UserError):
     """An invalid spec: every problem, one per line."""
@@ -81,6 +84,16 @@ class Resources:
 
 
 @dataclass
+class Question:
+    """A declared comparison: `variant` − `reference` on `metric`, paired by seed; the report's declared questions
+    are one Holm family (`analysis.questions`). Labels are the report's variant rows (e.g. "4D Paley", "RoPE")."""
+
+    variant: str = ""
+    reference: str = ""
+    metric: str = ""
+
+
+@dataclass
 class SweepSpec:
     """A whole sweep."""
 
@@ -98,12 +111,30 @@ class SweepSpec:
     tracking_uri: str = ""
     dedup: bool = True
     description: str = ""
+    questions: list[Question] = field(default_factory=list)
 
 
 def check_name(value: str, what: str) -> None:
     """UserError unless value is a plain name that cannot escape its directory."""
     if (problem := name_problem(value, what)) is not None:
         raise UserError(problem)
+
+
+def _question_shape(questions: Any) -> list[str]:
+    """What is wrong with the shape of `questions:` (a list of {variant, reference, metric}), one line each."""
+    if questions is None:
+        return []
+    fields = [f.name for f in dataclasses.fields(Question)]
+    if not isinstance(questions, ListConfig):
+        return [f"questions: must be a list of {{{', '.join(fields)}}} entries, got {type(questions).__name__}"]
+    wrong = []
+    for i, q in enumerate(questions):
+        if not isinstance(q, DictConfig):
+            wrong.append(f"questions[{i}]: must be a mapping {{{', '.join(fields)}}}, got {q!r}")
+            continue
+        wrong += [f"questions[{i}].{k}: not a question field; use {', '.join(fields)}" for k in q if k not in fields]
+        wrong += [f"questions[{i}]: {k} is missing; give all of {', '.join(fields)}" for k in fields if not q.get(k)]
+    return wrong
 
 
 def load_spec(path: str | Path, overrides: list[str] | None = None) -> SweepSpec:
@@ -127,6 +158,7 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> SweepSpec
     sections = ("overrides", "axes", "search", "resources")
     wrong = [f"{key}: must be a mapping (key: value lines), got {type(raw[key]).__name__}"
              for key in sections if key in raw and not isinstance(raw[key], DictConfig)]
+    wrong += _question_shape(raw.get("questions"))
     if wrong:
         raise SpecError(str(path), wrong)
     try:

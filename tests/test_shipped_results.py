@@ -1,0 +1,128 @@
+"""Shipped results (issue 33): a study's per-seed results in the repository rebuild its report alone, and every number
+the docs quote from a shipped study is a generated block checked against its files."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis.docs_results import NOTE, RESULTS_DIR, doc_files, problems, regenerate, render
+from analysis.load import load_results, sweep_cells
+from analysis.report import report_tables, verdict_markdown
+from analysis.shipped import CELLS_FILE, COMPARISONS_FILE, drift, load_study, rebuild, ship
+from hdrope.errors import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# --- the repository's own docs and shipped studies ---------------------------------------------------------------
+
+def test_every_docs_block_agrees_with_its_shipped_files():
+    """The tie: each `<!-- results:STUDY:TABLE -->` block equals what experiments/results/STUDY gives, and numbers
+    without files sit only in passages marked not shipped."""
+    assert problems(doc_files(REPO)) == []
+
+
+@pytest.mark.parametrize("study", sorted(p.name for p in RESULTS_DIR.glob("*") if p.is_dir()) or ["(none)"])
+def test_every_shipped_comparison_table_agrees_with_its_cells(study):
+    if study == "(none)":
+        pytest.skip("no study is shipped in experiments/results yet")
+    assert drift(RESULTS_DIR / study) == []
+
+
+@pytest.mark.parametrize(("doc", "study"), [("docs/length-generalisation.md", "lengthgen_compact"),
+                                            ("docs/rivals.md", "rivals_compact"), ("README.md", "quickstart")])
+def test_unshipped_studies_are_marked_as_such(doc, study):
+    text = (REPO / doc).read_text()
+    assert f"<!-- not-shipped:{study} -->" in text and NOTE in " ".join(text.split()).lower()
+
+
+# --- the mechanism, on a real tiny sweep --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def shipped(tiny_sweep, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("results") / "tiny"
+    ship(tiny_sweep, folder)
+    return folder
+
+
+def test_shipping_writes_cells_and_comparisons_without_run_directories(tiny_sweep, shipped):
+    cells = (shipped / CELLS_FILE).read_text()
+    header = cells.splitlines()[0].split(",")
+    for column in ("cell_id", "pe_label", "seed", "config_hash", "model.pe.basis", "val_loss", "val_loss_x2",
+                   "passkey_acc", "passkey_n", "efflen_loss"):
+        assert column in header
+    assert "run_dir" not in header and str(tiny_sweep) not in cells
+    assert len(cells.splitlines()) == 1 + len(load_results(tiny_sweep))  # one row per cell, dedup copies included
+    assert (shipped / COMPARISONS_FILE).read_text().startswith("metric,theta,variant,reference,delta")
+
+
+def test_the_report_rebuilt_from_shipped_files_equals_the_sweeps(tiny_sweep, shipped):
+    md, tests = report_tables(load_results(tiny_sweep), sweep_cells(tiny_sweep))
+    rebuilt = rebuild(shipped)
+    assert "\n".join([*md, *verdict_markdown(tests)]) in rebuilt
+    assert "0/12 = 0.0% [0.0%, 24.2%]" in rebuilt  # passkey as k/n, from passkey_n (no passkey tables)
+    assert drift(shipped) == []
+
+
+def test_a_changed_cell_value_is_caught(shipped, tmp_path):
+    import shutil
+
+    copy = tmp_path / "tiny"
+    shutil.copytree(shipped, copy)
+    lines = (copy / CELLS_FILE).read_text().splitlines()
+    header = lines[0].split(",")
+    col = header.index("val_loss_x2")
+    row = next(i for i, line in enumerate(lines[1:], 1) if line.split(",")[col])
+    fields = lines[row].split(",")
+    fields[col] = str(float(fields[col]) + 0.5)
+    lines[row] = ",".join(fields)
+    (copy / CELLS_FILE).write_text("\n".join(lines) + "\n")
+    assert any("val_loss_x2" in p or "delta" in p for p in drift(copy))
+
+
+def test_docs_blocks_are_regenerated_and_checked(shipped, tmp_path):
+    results = shipped.parent
+    doc = tmp_path / "page.md"
+    doc.write_text("Intro.\n\n<!-- results:tiny:declared -->\nhand-typed 1.234\n<!-- /results -->\n\nEnd.\n")
+    assert any("differs from the shipped files" in p for p in problems([doc], results))
+    assert regenerate([doc], results) == [doc]
+    text = doc.read_text()
+    assert render("tiny", "declared", results) in text and "4D Paley" in text and "hand-typed" not in text
+    assert problems([doc], results) == [] and regenerate([doc], results) == []
+    # a number edited by hand in a generated block fails the tie
+    doc.write_text(text.replace("paired, 2 seeds", "paired, 3 seeds", 1))
+    assert any("differs" in p for p in problems([doc], results))
+    # a block of a study with no files fails, unless it sits in a passage marked not shipped (with the note)
+    doc.write_text("<!-- results:gone:declared -->\n| x |\n<!-- /results -->\n")
+    assert any("no shipped results" in p for p in problems([doc], results))
+    doc.write_text(f"<!-- not-shipped:gone -->\n_{NOTE}._\n<!-- results:gone:declared -->\n| x |\n<!-- /results -->\n"
+                   "<!-- /not-shipped -->\n")
+    assert problems([doc], results) == []
+    doc.write_text("<!-- not-shipped:gone -->\nSome numbers.\n<!-- /not-shipped -->\n")
+    assert any("does not say" in p for p in problems([doc], results))
+    doc.write_text(f"<!-- not-shipped:tiny -->\n_{NOTE}._\n<!-- /not-shipped -->\n")  # tiny is shipped now
+    assert any("is shipped now" in p for p in problems([doc], results))
+
+
+def test_report_from_results_runs_from_the_files_alone(shipped, tmp_path):
+    out = subprocess.run([sys.executable, "-m", "sweeps.console", "report", "--from-results", str(shipped)],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("# Study report: tinysweep") and "## Verdicts" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "sweeps.console", "report", "--from-results", str(tmp_path)],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "not a shipped study" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_damaged_study_file_is_a_user_error(shipped, tmp_path):
+    import shutil
+
+    copy = tmp_path / "tiny"
+    shutil.copytree(shipped, copy)
+    (copy / "study.json").write_text("{not json")
+    with pytest.raises(UserError, match="a shipped file is damaged"):
+        load_study(copy)
