@@ -15,8 +15,6 @@ import math
 
 import numpy as np
 
-from trainer.evals.position_loss import PositionLoss
-
 __all__ = ["context_gain", "paired_bins", "unigram_surprisal"]
 
 
@@ -28,13 +26,14 @@ def _mean_se(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean, values.std(axis=0, ddof=1) / math.sqrt(len(values))
 
 
-def paired_bins(full: PositionLoss, limited: PositionLoss, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """Per bin (first positions `starts`): the mean over windows of full-context minus limited-context loss, its
-    standard error over windows, and the number of windows."""
-    if full.per_window is None or limited.per_window is None or full.per_window.shape != limited.per_window.shape:
+def paired_bins(full: np.ndarray, limited: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per bin (first positions `starts`) of per-window losses (windows × positions) with the full context and with
+    the limited one: the mean over windows of their difference, its standard error over windows, and the number of
+    windows."""
+    if full.shape != limited.shape:
         raise ValueError("paired_bins: both losses need per-window rows of the same windows")
-    widths = np.diff(np.append(starts, full.per_window.shape[1]))
-    d = np.add.reduceat(full.per_window - limited.per_window, starts, axis=1) / widths
+    widths = np.diff(np.append(starts, full.shape[1]))
+    d = np.add.reduceat(full - limited, starts, axis=1) / widths
     mean, se = _mean_se(d)
     return mean, se, len(d)
 
@@ -45,12 +44,11 @@ def unigram_surprisal(targets: np.ndarray) -> np.ndarray:
     return -np.log(counts / targets.size)[inverse].reshape(targets.shape)
 
 
-def context_gain(full: PositionLoss, train_length: int) -> tuple[float, float, int]:
-    """The mean over windows of (unigram surprisal − model loss) over positions [L/2, L), its standard error over
-    windows, and the number of windows."""
-    if full.per_window is None or full.unigram is None:
-        raise ValueError("context_gain: the loss needs per-window rows and their unigram surprisal")
+def context_gain(losses: np.ndarray, unigram: np.ndarray, train_length: int) -> tuple[float, float, int]:
+    """Of per-window losses and their targets' unigram surprisal (windows × positions): the mean over windows of
+    (unigram surprisal − model loss) over positions [L/2, L), its standard error over windows, and the number of
+    windows."""
     inside = slice(train_length // 2, train_length)
-    gain = (full.unigram[:, inside] - full.per_window[:, inside]).mean(axis=1)
+    gain = (unigram[:, inside] - losses[:, inside]).mean(axis=1)
     mean, se = _mean_se(gain[:, None])
     return float(mean[0]), float(se[0]), len(gain)

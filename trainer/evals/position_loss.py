@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hdrope.errors import UserError
+from trainer.evals.paired_loss import context_gain, paired_bins
 
 __all__ = ["PAIRED_COLUMNS", "POSITION_LOSS_FILE", "POSITION_LOSS_SCHEMA", "POSITION_LOSS_VERSION", "POSITION_SPACINGS",
            "PositionLoss", "bin_starts", "read_position_loss", "write_position_loss"]
@@ -84,15 +85,13 @@ _FIX = "rerun the cell's evaluation (or delete the file to report without it)"
 
 def _paired(full: PositionLoss, limited: PositionLoss | None, starts: np.ndarray,
             train_length: int | None) -> dict[str, list]:
-    from trainer.evals.paired_loss import context_gain, paired_bins
-
     out: dict[str, list] = {name: [None] * len(starts) for name in PAIRED_COLUMNS}
     if full.per_window is None or full.unigram is None or train_length is None:
         return out
-    gain, gain_se, windows = context_gain(full, train_length)
+    gain, gain_se, windows = context_gain(full.per_window, full.unigram, train_length)
     out.update(windows=[windows] * len(starts), gain=[gain] * len(starts), gain_se=[gain_se] * len(starts))
     if limited is not None and limited.per_window is not None:
-        diff, diff_se, _ = paired_bins(full, limited, starts)
+        diff, diff_se, _ = paired_bins(full.per_window, limited.per_window, starts)
         out.update(diff=diff.tolist(), diff_se=diff_se.tolist())
     return out
 
