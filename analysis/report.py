@@ -20,6 +20,7 @@ the unit of replication everywhere:
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,7 +46,7 @@ from analysis.lengthgen import (
     task_metrics,
     with_effective_lengths,
 )
-from analysis.load import load_results, read_json, sweep_cells
+from analysis.load import load_results, missing_run_dirs, read_json, sweep_cells
 from analysis.mechanism import mechanism_lines
 from analysis.outcomes import COST_METRICS, cost_table, is_proportion, outcome_metrics, seed_values
 from analysis.plots import save
@@ -317,6 +318,11 @@ def build_report(sweep_dir: str | Path, tracking_uri: str | None = None) -> Path
           f"{int(results['dedup_of'].notna().sum())} answered by an equivalent cell (dedup). "
           f"{len(variants)} variants: {', '.join(variants)}. Averaged over: "
           f"{', '.join(seed_axes) or 'nothing (no seed axis)'}; the seed is the unit of every interval and test.", ""]
+    if missing := missing_run_dirs(cells):
+        gone = (f"Cells whose run directory is gone: {', '.join(missing)}; their loss by position, passkey and "
+                "attention tables are left out of this report.")
+        print(f"warning: {gone}", file=sys.stderr)
+        md += [f"_{gone}_", ""]
     metrics = [m for m in outcome_metrics(metric_columns(results)) if not is_task_metric(m)]
     md += ["## Outcome tables", ""]
     all_tests = []
@@ -394,11 +400,13 @@ def _spec_uri(plan: Plan | None) -> str | None:
 def _log_to_mlflow(sweep_dir: Path, name: str, files: list[Path], tracking_uri: str | None) -> str | None:
     import mlflow
 
+    from trainer.run.store_home import rehome_store
     from trainer.run.tracking import default_tracking_uri, runs_with
 
     uri = tracking_uri or default_tracking_uri(sweep_dir)
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         return None
+    rehome_store(uri, sweep_dir)  # a copied or moved sweep's report goes into its own artifacts, never the original's
     client = mlflow.MlflowClient(uri)
     exp = client.get_experiment_by_name(name)
     if exp is None:

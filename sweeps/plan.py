@@ -27,6 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 from hdrope.errors import UserError
 from sweeps.spec import SpecError, SweepSpec, check_name
 from trainer.config import RunConfig, config_errors, config_hash, metric_names
+from trainer.data.tasks.fit import task_fit_problems
 from trainer.labels import value_label
 from trainer.model.position import dedup_pe
 from trainer.presets import merge_config, preset_layer
@@ -316,6 +317,7 @@ def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
             problems.append(f"{where}: {str(err).split(': ', 1)[-1]}")
             continue
         errs = config_errors(cfg) + _split_problems(cfg, spec.resources.workers)
+        errs = errs or task_fit_problems(cfg)  # a task parameter on an axis: every cell's tasks fit, before Ray
         if not errs and spec.search.metric not in (names := metric_names(cfg)):
             errs = [f"search.metric={spec.search.metric!r} is not reported by this cell; choose one of {names}"]
         if errs:
@@ -328,7 +330,8 @@ def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
             for value in (list(dim.choices) if dim.type == "categorical" else [dim.low, dim.high]):
                 value = int(value) if dim.type == "int" else value
                 try:
-                    errs = config_errors(cell_config(spec, {key: value}, "probe", root / "cells" / "probe", base))
+                    probe = cell_config(spec, {key: value}, "probe", root / "cells" / "probe", base)
+                    errs = config_errors(probe) or task_fit_problems(probe)
                 except UserError as err:
                     errs = [str(err).split(": ", 1)[-1]]
                 problems.extend(f"search.space.{key}={value!r}: {e}" for e in errs)
