@@ -28,6 +28,7 @@ from hdrope.errors import UserError
 from sweeps.spec import SpecError, SweepSpec, check_name
 from trainer.config import RunConfig, config_errors, config_hash, metric_names
 from trainer.data.tasks.fit import task_fit_problems
+from trainer.evals.attention_dump import check_budget
 from trainer.labels import value_label
 from trainer.model.position import dedup_pe
 from trainer.presets import merge_config, preset_layer
@@ -292,6 +293,16 @@ def _split_problems(cfg: RunConfig, workers: int) -> list[str]:
     return []
 
 
+def _dump_problems(cfg: RunConfig) -> list[str]:
+    """The attention dump's byte budget, which a run checks only once its data is loaded (it needs none)."""
+    try:
+        if cfg.dump.enabled:
+            check_budget(cfg.dump, cfg.model.n_layers, cfg.model.n_heads, cfg.model.max_seq_len)
+    except UserError as err:
+        return [str(err)]
+    return []
+
+
 def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
     """Resolve and validate every cell; SpecError lists every problem with its cell, key, value and fix."""
     problems = _check_spec(spec)
@@ -317,7 +328,7 @@ def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
             problems.append(f"{where}: {str(err).split(': ', 1)[-1]}")
             continue
         errs = config_errors(cfg) + _split_problems(cfg, spec.resources.workers)
-        errs = errs or task_fit_problems(cfg)  # a task parameter on an axis: every cell's tasks fit, before Ray
+        errs = errs or task_fit_problems(cfg) or _dump_problems(cfg)  # what the run checks later needs no data
         if not errs and spec.search.metric not in (names := metric_names(cfg)):
             errs = [f"search.metric={spec.search.metric!r} is not reported by this cell; choose one of {names}"]
         if errs:

@@ -23,11 +23,11 @@ FILLER = np.arange(5000) % 250
 # --- case 1: a copied sweep writes into the original ------------------------------------------------------------
 
 
-def _sweep_store(root: Path) -> str:
-    """A sweep's own MLflow store with its parent run, made as the sweep driver makes it; the parent run's id."""
+def _sweep_store(root: Path, name: str = "edges") -> str:
+    """Sweep `name`'s own MLflow store with its parent run, made as the sweep driver makes it; the parent run's id."""
     from trainer.run.tracking import SweepTracker, default_tracking_uri
 
-    return SweepTracker(default_tracking_uri(root), "edges", root / "artifacts").parent_run()
+    return SweepTracker(default_tracking_uri(root), name, root / "artifacts").parent_run()
 
 
 def test_a_copied_sweeps_store_logs_into_the_copy_and_never_recreates_the_original(tmp_path):
@@ -62,7 +62,7 @@ def test_a_report_on_a_copy_of_a_moved_sweep_writes_inside_the_copy_with_every_f
     pilot = tmp_path / "pilot"
     shutil.copytree(tiny_sweep, pilot, ignore=shutil.ignore_patterns("report", "mlflow.db", "artifacts"))
     write_results(load_plan(pilot))  # its results name its own cells, as `sweep results` writes them
-    parent = _sweep_store(pilot)
+    parent = _sweep_store(pilot, "tinysweep")
     copy = tmp_path / "COPY"
     shutil.copytree(pilot, copy)
     pilot.rename(tmp_path / "elsewhere")
@@ -204,3 +204,28 @@ def test_sweep_plan_refuses_a_cell_whose_task_does_not_fit_before_ray(tmp_path, 
     assert "data.task_params.value_digits=30" in proc.stderr  # the largest that fits 64 + 1 tokens
     assert "value_digits=1," not in proc.stderr.replace("value_digits=1)", "")  # the 1-digit cells are fine
     assert not (tmp_path / "store").exists()
+
+
+# --- kin: what a run checks only after loading its data, a plan checks per cell when it needs no data -------------
+
+
+def test_sweep_plan_refuses_a_cell_whose_attention_dump_exceeds_its_budget(tmp_path, cache_dir):
+    from sweeps.plan import make_plan
+    from sweeps.spec import SpecError, load_spec
+
+    spec = tmp_path / "dump.yaml"
+    spec.write_text(f"name: dumpaxis\nbase: tiny\nstorage: {tmp_path / 'store'}\noverrides:\n"
+                    f"  data.cache_dir: {cache_dir}\n  dump.enabled: true\n  dump.byte_budget: 100000\n"
+                    "axes:\n  dump.samples: [1, 100]\n")
+    with pytest.raises(SpecError) as err:
+        make_plan(load_spec(str(spec)))
+    assert len(err.value.problems) == 1
+    assert "cell c001-" in err.value.problems[0] and "dump.samples=100" in err.value.problems[0]
+    assert "dump.byte_budget" in err.value.problems[0]
+
+
+def test_a_dump_layer_or_head_listed_twice_is_refused(tiny_cfg):
+    with pytest.raises(UserError, match=r"dump\.layers=\[0, 0\]: an index is listed twice"):
+        tiny_cfg("dump.layers=[0,0]")
+    with pytest.raises(UserError, match=r"dump\.heads=\[1, 1\]: an index is listed twice"):
+        tiny_cfg("dump.heads=[1,1]")

@@ -416,6 +416,9 @@ def config_errors(cfg: RunConfig) -> list[str]:
         bad = [v for v in values if not 0 <= v < bound]
         if bad:
             errors.append(f"dump.{key}={list(values)!r}: {bad} out of range; valid indices are 0..{bound - 1}")
+        elif len(set(values)) != len(values):
+            errors.append(f"dump.{key}={list(values)!r}: an index is listed twice (its maps would be dumped twice); "
+                          "list each once")
     return errors
 
 
