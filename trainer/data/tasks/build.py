@@ -177,13 +177,14 @@ def check_fit(builder: TaskBuilder, task: str, length: int, where: str) -> None:
 def _largest_fitting(builder: TaskBuilder, task: str, name: str, length: int) -> int | None:
     """The largest value of size `name` below the builder's whose smallest `task` example fits in `length` tokens,
     the other sizes kept (None when none does): a bisection, since an example only grows with a size."""
-    lo, hi = 0, getattr(builder.params, name) - 1  # lo fits (0: nothing yet), everything above hi is too big
+    def small_enough(v: int) -> bool:  # sizes that do not fit together (q > k) lie below the valid ones: skip them
+        trial = dataclasses.replace(builder.params, **{name: v})
+        return not _sizes_valid(trial) or builder.smallest(task, trial) <= length
+
+    lo, hi = 0, getattr(builder.params, name) - 1  # lo is small enough (0: none yet), everything above hi is not
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if builder.smallest(task, dataclasses.replace(builder.params, **{name: mid})) <= length:
-            lo = mid
-        else:
-            hi = mid - 1
+        lo, hi = (mid, hi) if small_enough(mid) else (lo, mid - 1)
     return lo if lo and _sizes_valid(dataclasses.replace(builder.params, **{name: lo})) else None
 
 
