@@ -174,6 +174,10 @@ def load_results(sweep_dir: str | Path) -> pd.DataFrame:
         raise UserError(f"{path}: has no rows (no cell was planned?); {fix}")
     meta = table.schema.metadata or {}
     df = table.to_pandas()
+    cells = Path(sweep_dir).resolve() / "cells"
+    if "trained_cell" in df and cells.is_dir():  # the sweep's own cells, wherever it was copied or moved to
+        df["run_dir"] = [str(cells / c) if isinstance(c, str) and c else d
+                         for c, d in zip(df["trained_cell"], df["run_dir"], strict=True)]
     df.attrs["axes"] = json.loads(meta.get(b"hdrope.axes", b"[]"))
     df.attrs["seed_axes"] = json.loads(meta.get(b"hdrope.seed_axes", b"[]"))
     return df
@@ -190,6 +194,11 @@ def sweep_cells(sweep_dir: str | Path) -> pd.DataFrame:
     df["profile_path"] = run.map(lambda p: p / "attention" / "logit_profile.parquet")
     df["passkey_path"] = run.map(lambda p: p / "passkey.parquet")
     return df.reset_index(drop=True)
+
+
+def missing_run_dirs(cells: pd.DataFrame) -> list[str]:
+    """The ids of the cells whose run directory is gone (their tables and dumps cannot be read)."""
+    return [str(c) for c, d in zip(cells["cell_id"], cells["run_dir"], strict=True) if not Path(d).is_dir()]
 
 
 def load_passkey(sweep_dir: str | Path) -> pd.DataFrame:

@@ -22,6 +22,7 @@ the unit of replication everywhere:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,7 +51,7 @@ from analysis.lengthgen import (
     task_metrics,
     with_effective_lengths,
 )
-from analysis.load import load_results, read_json, sweep_cells
+from analysis.load import load_results, missing_run_dirs, read_json, sweep_cells
 from analysis.machines import machine_lines
 from analysis.mechanism import mechanism_lines
 from analysis.outcomes import COST_METRICS, cost_table, is_proportion, outcome_metrics, seed_values
@@ -342,6 +343,11 @@ def build_report(sweep_dir: str | Path, tracking_uri: str | None = None) -> Path
           f"{len(variants)} variants: {', '.join(variants)}. Averaged over: "
           f"{', '.join(seed_axes) or 'nothing (no seed axis)'}; the seed is the unit of every interval and test.", "",
           *machine_lines(cells), ""]
+    if missing := missing_run_dirs(cells):
+        gone = (f"Cells whose run directory is gone: {', '.join(missing)}; their loss by position, passkey and "
+                "attention tables are left out of this report.")
+        print(f"warning: {gone}", file=sys.stderr)
+        md += [f"_{gone}_", ""]
     tables_md, all_tests = report_tables(results, cells, plan.spec.questions if plan else [])
     md += tables_md
     md += _cost_markdown(cells)
@@ -439,11 +445,13 @@ def _spec_uri(plan: Plan | None) -> str | None:
 def _log_to_mlflow(sweep_dir: Path, name: str, files: list[Path], tracking_uri: str | None) -> str | None:
     import mlflow
 
+    from trainer.run.store_home import rehome_store
     from trainer.run.tracking import default_tracking_uri, runs_with
 
     uri = tracking_uri or default_tracking_uri(sweep_dir)
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         return None
+    rehome_store(uri, sweep_dir)  # a copied or moved sweep's report goes into its own artifacts, never the original's
     client = mlflow.MlflowClient(uri)
     exp = client.get_experiment_by_name(name)
     if exp is None:

@@ -234,10 +234,12 @@ def ui_main(argv: list[str]) -> int:
 
     if a.name:
         from sweeps.plan_file import find_plan
+        from trainer.run.store_home import rehome_store
         from trainer.run.tracking import default_tracking_uri
 
         plan = find_plan(a.name, a.storage)
         uri, experiment = default_tracking_uri(plan.root), plan.spec.name
+        rehome_store(uri, plan.root)  # a copied or moved sweep shows its own artifacts
     elif a.tracking_uri:
         from trainer.run.tracking import check_tracking_uri
 

@@ -28,6 +28,8 @@ from hdrope.errors import UserError
 from sweeps.design_warnings import design_warnings
 from sweeps.spec import SpecError, SweepSpec, check_name
 from trainer.config import RunConfig, config_errors, config_hash, metric_names
+from trainer.data.tasks.fit import task_fit_problems
+from trainer.evals.attention_dump import check_budget
 from trainer.labels import value_label
 from trainer.model.position import dedup_pe
 from trainer.presets import merge_config, preset_layer
@@ -298,6 +300,16 @@ def _split_problems(cfg: RunConfig, workers: int) -> list[str]:
     return []
 
 
+def _dump_problems(cfg: RunConfig) -> list[str]:
+    """The attention dump's byte budget, which a run checks only once its data is loaded (it needs none)."""
+    try:
+        if cfg.dump.enabled:
+            check_budget(cfg.dump, cfg.model.n_layers, cfg.model.n_heads, cfg.model.max_seq_len)
+    except UserError as err:
+        return [str(err)]
+    return []
+
+
 def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
     """Resolve and validate every cell; SpecError lists every problem with its cell, key, value and fix."""
     problems = _check_spec(spec)
@@ -323,6 +335,7 @@ def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
             problems.append(f"{where}: {str(err).split(': ', 1)[-1]}")
             continue
         errs = config_errors(cfg) + _split_problems(cfg, spec.resources.workers)
+        errs = errs or task_fit_problems(cfg) or _dump_problems(cfg)  # what the run checks later needs no data
         if not errs and spec.search.metric not in (names := metric_names(cfg)):
             errs = [f"search.metric={spec.search.metric!r} is not reported by this cell; choose one of {names}"]
         if errs:
@@ -335,7 +348,8 @@ def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
             for value in (list(dim.choices) if dim.type == "categorical" else [dim.low, dim.high]):
                 value = int(value) if dim.type == "int" else value
                 try:
-                    errs = config_errors(cell_config(spec, {key: value}, "probe", root / "cells" / "probe", base))
+                    probe = cell_config(spec, {key: value}, "probe", root / "cells" / "probe", base)
+                    errs = config_errors(probe) or task_fit_problems(probe)
                 except UserError as err:
                     errs = [str(err).split(": ", 1)[-1]]
                 problems.extend(f"search.space.{key}={value!r}: {e}" for e in errs)

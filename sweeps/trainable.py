@@ -24,7 +24,7 @@ from typing import Any
 
 from sweeps.plan import Cell, Plan
 from trainer.config import RunConfig
-from trainer.files.run_files import read_result
+from trainer.files.run_files import ERROR_FILE, read_result
 from trainer.run.reporting import Reporter
 
 __all__ = ["REPORTED", "TuneReporter", "WorkerReporter", "reported_metrics", "run_trial", "train_worker",
@@ -214,7 +214,7 @@ def run_trial(config: dict[str, Any], plan: Plan) -> None:
         metrics = {k: v for k, v in done["metrics"].items() if v is not None}
         tune.report(tune_result(cell_id, done["step"], metrics, steps=done["step"], reused=1))
         return
-    error_file = Path(cfg.train.out_dir) / "error.txt"
+    error_file = Path(cfg.train.out_dir) / ERROR_FILE
     try:
         if plan.spec.resources.workers > 1:
             _train_workers(cell, plan)

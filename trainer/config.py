@@ -294,6 +294,18 @@ def _task_size_errors(p: TaskParams) -> list[str]:
     return errors
 
 
+def _repeated_factors(factors: list[float], key: str) -> list[str]:
+    """A problem when two length factors of `key` are one factor (one metric name, `factor_tag`): its metrics and
+    example counts would be computed twice and merged."""
+    seen: dict[str, float] = {}
+    for f in factors:
+        if factor_tag(f) in seen:
+            return [f"{key}={list(factors)!r}: the factor {factor_tag(f)} is listed twice ({seen[factor_tag(f)]!r} and "
+                    f"{f!r}); list each factor once"]
+        seen[factor_tag(f)] = f
+    return []
+
+
 def _task_errors(cfg: RunConfig) -> list[str]:
     """Problems of data.tasks, data.task_ratio, data.task_params and eval.tasks."""
     d, te, p = cfg.data, cfg.eval.tasks, cfg.data.task_params
@@ -320,6 +332,7 @@ def _task_errors(cfg: RunConfig) -> list[str]:
         if not te.length_factors or any(f <= 0 for f in te.length_factors):
             errors.append(f"eval.tasks.length_factors={list(te.length_factors)!r}: need positive factors, "
                           "e.g. [1, 1.5, 2, 4, 8]")
+        errors += _repeated_factors(te.length_factors, "eval.tasks.length_factors")
         _positive(errors, te, "eval.tasks", ("samples", "batch_size"))
     return errors
 
@@ -391,9 +404,12 @@ def config_errors(cfg: RunConfig) -> list[str]:
         errors.append(f"eval.position_spacing={e.position_spacing!r}: choose one of {', '.join(POSITION_SPACINGS)}")
     if any(f < 1 for f in e.extrapolation):
         errors.append(f"eval.extrapolation={list(e.extrapolation)!r}: factors must be integers >= 1, e.g. [2, 4, 8]")
+    errors += _repeated_factors(e.extrapolation, "eval.extrapolation")
     pk = e.passkey
     if pk.enabled and (not pk.length_factors or any(f <= 0 for f in pk.length_factors)):
         errors.append(f"eval.passkey.length_factors={list(pk.length_factors)!r}: need positive factors, e.g. [1, 2]")
+    if pk.enabled:
+        errors += _repeated_factors(pk.length_factors, "eval.passkey.length_factors")
     _positive(errors, pk, "eval.passkey", ("depths", "samples", "max_new_tokens"))
     _positive(errors, dump, "dump", ("samples", "byte_budget"))
     _positive(errors, dump, "dump", ("seq_len",), True)
@@ -401,6 +417,9 @@ def config_errors(cfg: RunConfig) -> list[str]:
         bad = [v for v in values if not 0 <= v < bound]
         if bad:
             errors.append(f"dump.{key}={list(values)!r}: {bad} out of range; valid indices are 0..{bound - 1}")
+        elif len(set(values)) != len(values):
+            errors.append(f"dump.{key}={list(values)!r}: an index is listed twice (its maps would be dumped twice); "
+                          "list each once")
     return errors
 
 

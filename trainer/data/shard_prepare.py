@@ -62,6 +62,7 @@ from trainer.data.shard_manifest import (
 from trainer.data.tokenizer import Tokenizer, load_tokenizer
 from trainer.files.cache import sha256_file
 from trainer.files.dir_lock import LOCK_FILE, hold_dir_lock, refuse_non_directory
+from trainer.files.foreign import refuse_foreign
 from trainer.files.run_files import write_json_atomic
 
 __all__ = [
@@ -272,11 +273,8 @@ def _refuse_foreign(out: Path) -> None:
     if (out / MANIFEST).exists():
         read_manifest(out)
         return
-    others = sorted(p.name for p in out.iterdir() if p.name not in _OURS_BEFORE_MANIFEST)
-    if others:
-        more = f" and {len(others) - 1} more" if len(others) > 1 else ""
-        raise UserError(f"--out {out}: holds {others[0]!r}{more}, which `hdrope data prepare` did not write "
-                        f"(the directory holds no {MANIFEST}); give a new or empty directory")
+    refuse_foreign(out, f"--out {out}", "hdrope data prepare", lambda p: p.name in _OURS_BEFORE_MANIFEST,
+                   f" (the directory holds no {MANIFEST})")
 
 
 def _source_change(old: Any, new: dict[str, Any]) -> str:

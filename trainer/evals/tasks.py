@@ -101,7 +101,9 @@ def _decode(model: Llama, builder: TaskBuilder, examples: list[TaskExample], bat
                 generated = greedy_generate_batch(model, prompts, width).tolist()
             for i, gen in zip(idx, generated, strict=True):
                 answer = examples[i].answer
+                if not answer:  # the builder refuses one: an empty answer would match anything
+                    raise ValueError(f"a {examples[i].task} example has an empty answer")
                 hits = [g == a for g, a in zip(gen, answer, strict=False)]
                 out[i] = {"target": builder.tok.decode(answer), "generated": builder.tok.decode(gen[: len(answer)]),
-                          "correct": all(hits), "token_acc": float(np.mean(hits)) if hits else 1.0}
+                          "correct": all(hits), "token_acc": float(np.mean(hits))}
     return out

@@ -10,6 +10,10 @@
     tokenizer.json  the run's tokenizer (a tokenizer.json path or a trained BPE), copied when the run starts: resume
                     checks it, export and evaluation read it, so one run has one tokenizer wherever it is used
     .hdrope.lock    held by the one process training into the directory (`trainer.files.dir_lock`)
+    error.txt       what ended a sweep trial that failed (`sweeps.trainable`), left for its next attempt
+
+A directory without run.json that holds anything else is not a run's: `hdrope train` refuses it
+(`refuse_foreign_run_dir`), since its files may be the user's own.
 
 A resumed run cuts metrics.jsonl back to the step it resumes from, so the file always equals the
 one an uninterrupted run writes. Readers tolerate a last line that is still being written.
@@ -26,8 +30,11 @@ from typing import Any
 
 from hdrope.errors import UserError
 from trainer.files.cache import sha256_file
+from trainer.files.dir_lock import LOCK_FILE
+from trainer.files.foreign import refuse_foreign
 
 __all__ = [
+    "ERROR_FILE",
     "LM_EVAL_FILE",
     "METRICS_FILE",
     "RESULT_FILE",
@@ -41,13 +48,15 @@ __all__ = [
     "read_machines",
     "read_metrics",
     "read_result",
+    "refuse_foreign_run_dir",
     "store_tokenizer",
     "truncate_metrics",
     "write_json_atomic",
 ]
 
 RUN_FILE, METRICS_FILE, RESULT_FILE, LM_EVAL_FILE = "run.json", "metrics.jsonl", "result.json", "lm_eval.json"
-TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_FILE, ERROR_FILE = "tokenizer.json", "error.txt"
+_OURS_BEFORE_CLAIM = (LOCK_FILE, f".{RUN_FILE}.tmp", ERROR_FILE)  # what a run directory holds before its run.json
 
 
 def default_out_dir(name: str, config_hash: str) -> Path:
@@ -110,6 +119,17 @@ def read_lm_eval(run_dir: Path) -> dict[str, float]:
     data = _read_json(path, "lm_eval.json", "delete it and run `hdrope eval lm-eval` again")
     metrics = data.get("metrics") if isinstance(data.get("metrics"), dict) else {}
     return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def refuse_foreign_run_dir(run_dir: Path) -> None:
+    """UserError when run_dir holds no run.json but other files (not a run directory: they may be the user's own,
+    which a run would replace); a new, empty or started run directory passes."""
+    run_dir = Path(run_dir)
+    if (run_dir / RUN_FILE).is_file():
+        return
+    refuse_foreign(run_dir, f"train.out_dir={str(run_dir)!r}", "hdrope train", lambda p: p.name in _OURS_BEFORE_CLAIM,
+                   f" (the directory holds no {RUN_FILE}, so it is no run's)", "pass a new or empty train.out_dir "
+                   "(or leave it empty for runs/<name>-<config hash>), or move those files away")
 
 
 def claim_run_dir(run_dir: Path, config_hash: str, name: str, machine: dict[str, Any] | None = None) -> None:

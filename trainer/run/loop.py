@@ -36,7 +36,8 @@ from trainer.data.batches import TrainBatches, check_factors, check_length, to_d
 from trainer.data.corpus import load_corpus
 from trainer.data.passkey_prompt import PasskeyPrompter
 from trainer.data.shard_tokens import load_shards
-from trainer.data.tasks.build import TaskBuilder, TaskMixture, check_fit
+from trainer.data.tasks.build import TaskBuilder, TaskMixture
+from trainer.data.tasks.fit import check_task_fits
 from trainer.data.token_cache import TokenData, cached_tokens
 from trainer.data.tokenizer import Tokenizer, load_tokenizer
 from trainer.evals.attention_dump import DumpIds, check_budget, dump_attention, run_columns
@@ -56,6 +57,7 @@ from trainer.files.run_files import (
     metrics_at,
     read_metrics,
     read_result,
+    refuse_foreign_run_dir,
     store_tokenizer,
     truncate_metrics,
     write_json_atomic,
@@ -169,17 +171,10 @@ def _check_lengths(cfg: RunConfig, data: DataBundle) -> None:
         data.prompter.build(seq + 1, 0.5, cfg.data.passkey.max_key)  # raises if the prompt cannot fit
     if cfg.eval.passkey.enabled:
         data.prompter.build(round(seq * min(cfg.eval.passkey.length_factors)), 0.5, cfg.data.passkey.max_key)
-    if cfg.data.task_ratio > 0:
-        builder = data.task_builder(cfg, "train")
-        for task in cfg.data.tasks:
-            check_fit(builder, task, seq + 1, f"the train length (model.max_seq_len={seq}, plus the target token)")
+    check_task_fits(cfg, lambda split: data.task_builder(cfg, split))
     if cfg.data.tasks and cfg.eval.tasks.enabled:
-        builder = data.task_builder(cfg, "val")
         factors = cfg.eval.tasks.length_factors
-        shortest, longest = round(seq * min(factors)), round(seq * max(factors))
-        for task in cfg.data.tasks:
-            check_fit(builder, task, shortest, f"the shortest evaluation length (eval.tasks.length_factors "
-                      f"{min(factors):g} x {seq})")
+        longest = round(seq * max(factors))
         if longest > len(data.tokens.val):
             raise UserError(f"eval.tasks.length_factors={list(factors)!r}: {max(factors):g} x {seq} = {longest} "
                             f"tokens of filler, but the validation split holds {len(data.tokens.val)}; lower the "
@@ -366,6 +361,8 @@ def train(cfg: RunConfig, reporter: Reporter | None = None, strategy: str = "ddp
     try:
         chash = config_hash(cfg)
         run_dir = Path(cfg.train.out_dir) if cfg.train.out_dir else default_out_dir(cfg.name, chash)
+        if main:
+            refuse_foreign_run_dir(run_dir)  # the user's own files are never replaced
         run = _Run(cfg, reporter, chash, run_dir, strategy)  # data and model ready; nothing written in run_dir yet
         # rank 0 alone writes the run directory, so it alone holds it (a second writer is refused, naming this PID)
         with hold_dir_lock(run_dir, f"hdrope train of config {chash}") if main else contextlib.nullcontext():

@@ -34,6 +34,7 @@ from trainer.config import RunConfig, config_hash
 from trainer.labels import value_label
 from trainer.model.position import encoding_identity, identity_keys
 from trainer.run.reporting import Reporter
+from trainer.run.store_home import rehome_store
 
 __all__ = [
     "CELLS_FILTER",
@@ -280,6 +281,8 @@ class SweepTracker:
         self.uri, self.sweep = uri, sweep
         if uri.startswith(("http://", "https://")):
             bound_http_retries()
+        if artifact_root is not None:  # a copied or moved sweep's own store logs into the sweep where it is now
+            rehome_store(uri, Path(artifact_root).parent)
         self.client = mlflow.MlflowClient(uri)
         self.experiment_id = experiment(self.client, sweep, artifact_root)
         self._runs: dict[str, str] = {}

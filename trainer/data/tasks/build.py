@@ -59,6 +59,23 @@ class TaskBuilder:
         """The symbols' tokens, each symbol tokenized on its own."""
         return [t for s in symbols for t in self._ids[s]]
 
+    def unwritable(self, task: str) -> str | None:
+        """What keeps the tokenizer from writing `task`'s symbols apart (under the builder's params), in words: the
+        symbols it encodes as no token, or two symbols it encodes alike (an unknown-token fallback); None when every
+        symbol the task can draw has tokens of its own. Exact match would score such an answer as right."""
+        inst = TASKS[task].draw(self.params, np.random.default_rng(0))
+        drawn = {s for part in (*inst.inserts, inst.question, inst.answer) for s in part}
+        keys = KEY_SETS[self.params.key_set][: self.params.keys]
+        used = sorted(drawn & set(MARKERS)) + [s for group in (DIGITS, keys) if drawn & set(group) for s in group]
+        empty = [s for s in used if not self._ids[s]]
+        if empty:
+            return f"writes the symbols {' '.join(map(repr, empty))} of task {task} as no token at all"
+        seen: dict[tuple[int, ...], str] = {}
+        for s in used:
+            if (other := seen.setdefault(tuple(self._ids[s]), s)) != s:
+                return f"writes the symbols {other!r} and {s!r} of task {task} as the same tokens {self._ids[s]}"
+        return None
+
     def smallest(self, task: str, params: TaskParams | None = None) -> int:
         """Most tokens an example of `task` takes without filler (inserts, question and answer), under `params`
         (default the builder's): the shortest length any example fits in."""
@@ -93,6 +110,9 @@ class TaskBuilder:
         inst = TASKS[task].draw(self.params, rng)
         inserts = [self.ids(part) for part in inst.inserts]
         question, answer = self.ids(inst.question), self.ids(inst.answer)
+        if not answer:  # exact match would count an empty answer as right whatever the model writes
+            raise UserError(f"data.tasks: a {task} example's answer {' '.join(inst.answer)!r} is no token in "
+                            f"data.tokenizer ({_tokenizer_name(self.tok)}); {_TOKENIZER_FIX}")
         room = length - sum(map(len, inserts)) - len(question) - len(answer)
         if room < 0:
             raise UserError(f"data.tasks: a {task} example needs {length - room} tokens, more than {length}; "
@@ -154,22 +174,44 @@ class TaskMixture:
 
 def check_fit(builder: TaskBuilder, task: str, length: int, where: str) -> None:
     """UserError when the smallest example of `task` does not fit in `length` tokens: it names the sizes of
-    data.task_params the task reads and the largest value of each that fits (the others kept)."""
+    data.task_params the task reads and the largest value of each that fits (the others kept); UserError first when
+    the tokenizer cannot write the task's symbols apart (`TaskBuilder.unwritable`)."""
+    if (problem := builder.unwritable(task)) is not None:
+        raise UserError(f"data.tokenizer={_tokenizer_name(builder.tok)}: it {problem}; {_TOKENIZER_FIX}")
     need = builder.smallest(task)
     if need <= length:
         return
     params, fits = builder.params, []
     for name in TASKS[task].uses:
-        for v in range(getattr(params, name) - 1, 0, -1):
-            trial = dataclasses.replace(params, **{name: v})
-            if _sizes_valid(trial) and builder.smallest(task, trial) <= length:
-                fits.append(f"data.task_params.{name}={v}")
-                break
+        if (v := _largest_fitting(builder, task, name, length)) is not None:
+            fits.append(f"data.task_params.{name}={v}")
     sizes = ", ".join(f"{n}={getattr(params, n)}" for n in TASKS[task].uses)
     fix = (f"the largest size that fits, the others kept: {' or '.join(fits)}" if fits else
            "no single size of it fits when lowered alone: lower several")
     raise UserError(f"data.tasks: the smallest {task} example ({sizes}) takes {need} tokens but {where} holds "
                     f"{length}; {fix}, or raise the length")
+
+
+def _largest_fitting(builder: TaskBuilder, task: str, name: str, length: int) -> int | None:
+    """The largest value of size `name` below the builder's whose smallest `task` example fits in `length` tokens,
+    the other sizes kept (None when none does): a bisection, since an example only grows with a size."""
+    def small_enough(v: int) -> bool:  # sizes that do not fit together (q > k) lie below the valid ones: skip them
+        trial = dataclasses.replace(builder.params, **{name: v})
+        return not _sizes_valid(trial) or builder.smallest(task, trial) <= length
+
+    lo, hi = 0, getattr(builder.params, name) - 1  # lo is small enough (0: none yet), everything above hi is not
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if small_enough(mid) else (lo, mid - 1)
+    return lo if lo and _sizes_valid(dataclasses.replace(builder.params, **{name: lo})) else None
+
+
+_TOKENIZER_FIX = ("use a tokenizer that writes every character on its own (data.tokenizer=bytes or bpe, byte-level "
+                  "BPE), or drop the task from data.tasks")
+
+
+def _tokenizer_name(tok: Tokenizer) -> str:
+    return str(getattr(tok, "path", None) or tok.identity)
 
 
 def _sizes_valid(p: TaskParams) -> bool:

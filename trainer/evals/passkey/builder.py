@@ -35,6 +35,7 @@ from trainer.config import PasskeyFormat
 from trainer.data.passkey_prompt import prompt_parts
 from trainer.data.tokenizer import Tokenizer
 from trainer.files.cache import cache_root
+from trainer.files.foreign import refuse_foreign
 
 __all__ = ["FILE_NAME", "BuildConfig", "PlannedFile", "build_dataset", "passkey_pool", "plan_dataset", "validate"]
 
@@ -276,15 +277,9 @@ def _stale_outputs(out: Path) -> list[Path]:
         raise UserError(f"--out {out}: is a file, not a directory; pass a new directory for the dataset")
     if not out.is_dir():
         return []
-    entries = sorted(out.iterdir())
-    foreign = [p.name for p in entries if not _is_ours(p)]
-    if foreign:
-        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
-        raise UserError(
-            f"--out {out}: holds {foreign[0]!r}{more}, which `hdrope passkey build` did not write; pass a new or "
-            "empty directory (or move those files away)"
-        )
-    return entries
+    refuse_foreign(out, f"--out {out}", "hdrope passkey build", _is_ours,
+                   fix="pass a new or empty directory (or move those files away)")
+    return sorted(out.iterdir())
 
 
 def _make_out(out: Path, stale: list[Path]) -> None:
