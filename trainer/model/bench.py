@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from hdrope.bench import DTYPES, bench_device, median_round_robin, synced
-from hdrope.errors import UserError
+from hdrope.bench_args import non_negative_int, positive_int, writable_file
 from trainer.model.args import ModelArgs
 from trainer.model.encodings.base import EncodingShape, PositionModule
 from trainer.model.position import POSITION_ENCODINGS, build_position_encoding, encoding_identity, identity_is_rope
@@ -100,15 +100,13 @@ def run_encodings_bench(shape: tuple[int, int, int, int] = (8, 8, 1024, 64), rou
 def main(argv: list[str]) -> int:
     """Run the encodings benchmark and print one row per kind."""
     ap = argparse.ArgumentParser(prog="hdrope bench encodings", description=__doc__)
-    ap.add_argument("--shape", type=int, nargs=4, default=[8, 8, 1024, 64], metavar=("B", "H", "S", "D"))
-    ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    ap.add_argument("--shape", type=positive_int, nargs=4, default=[8, 8, 1024, 64], metavar=("B", "H", "S", "D"))
+    ap.add_argument("--rounds", type=positive_int, default=15)
+    ap.add_argument("--threads", type=non_negative_int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--json", type=writable_file, default=None, help="also write the rows to this JSON file")
     ap.add_argument("--device", default="cpu", help="cpu (default), auto (cuda when available), cuda or cuda:N")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="dtype of q and k")
     args = ap.parse_args(argv)
-    if args.rounds < 1:
-        raise UserError(f"--rounds must be ≥ 1, got {args.rounds}")
     if args.threads:
         torch.set_num_threads(args.threads)
     dev = bench_device(args.device)
