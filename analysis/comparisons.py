@@ -17,8 +17,8 @@ from analysis.stats import CORRECTIONS, adjust, compare, detectable_difference, 
 from analysis.variants import theta_text, variant_axes
 from trainer.model.position import identity_is_rope
 
-__all__ = ["COLUMNS", "comparison_family", "comparison_table", "correction_text", "fmt", "is_rope", "references",
-           "verdict"]
+__all__ = ["COLUMNS", "arms", "comparison_family", "comparison_table", "correction_text", "fmt", "is_rope",
+           "references", "verdict"]
 
 COLUMNS = ["metric", "theta", "variant", "reference", "delta", "lo", "hi", "p", "p_adj", "n", "paired", "method",
            "testable", "significant", "mde", "family", "correction", "level"]
@@ -51,7 +51,9 @@ def _at(values: pd.DataFrame, variant: str, theta: float) -> pd.Series:
     return at.set_index("seed")["value"]
 
 
-def _arms(values: pd.DataFrame, variant: str, reference: str, theta: float) -> tuple[pd.Series, pd.Series]:
+def arms(values: pd.DataFrame, variant: str, reference: str, theta: float) -> tuple[pd.Series, pd.Series]:
+    """The per-seed values (seed_values rows) of a variant and of its reference at θ, as a comparison pairs them:
+    a variant without θ against the reference at each of the reference's θ."""
     return _at(values, variant, theta), _at(values, reference, theta)
 
 
@@ -63,7 +65,7 @@ def _rows(cells: pd.DataFrame, metric: str, level: float) -> list[dict]:
     thetas = sorted({float(t) for t in values["theta"].dropna()})
     for theta in thetas:
         for variant in sorted(refs, key=lambda v: values.loc[values["variant"] == v, "variant_rank"].min()):
-            t, r = _arms(values, variant, refs[variant], theta)
+            t, r = arms(values, variant, refs[variant], theta)
             if t.empty or r.empty:
                 continue
             paired = set(t.index) == set(r.index)

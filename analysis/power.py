@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.comparisons import comparison_table, references
+from analysis.comparisons import arms, comparison_table, references
 from analysis.lengthgen import with_effective_lengths
 from analysis.load import find_sweep_dir, load_results, sweep_cells
 from analysis.outcomes import seed_values
@@ -24,7 +24,7 @@ from analysis.stats import seeds_needed
 from analysis.variants import trained
 from hdrope.errors import UserError
 
-__all__ = ["SeedAdvice", "family_size", "seed_advice"]
+__all__ = ["SeedAdvice", "family_size", "pilot_spread", "seed_advice"]
 
 
 @dataclass(frozen=True)
@@ -64,11 +64,16 @@ class SeedAdvice:
 
 def family_size(planned: pd.DataFrame) -> int:
     """The comparisons a report of these planned cells draws per metric table: every (variant, θ) with a RoPE
-    reference (planned: a results-shaped frame of the plan's cells)."""
+    reference, a variant without θ once per θ of its reference (planned: a results-shaped frame of the plan's
+    cells)."""
     cells = trained(planned)
     refs = references(cells)
-    pairs = cells[cells["variant"].isin(list(refs))][["variant", "theta"]].astype(str).drop_duplicates()
-    return max(1, len(pairs))
+    values = cells[["variant", "theta", "seed"]].assign(value=0.0)
+    values["theta"] = values["theta"].astype(float)
+    thetas = sorted({float(t) for t in values["theta"].dropna()})
+    drawn = sum(1 for theta in thetas for variant, ref in refs.items()
+                if all(len(arm) for arm in arms(values, variant, ref, theta)))
+    return max(1, drawn)
 
 
 def _pilot_cells(pilot: Path, metric: str) -> pd.DataFrame:
@@ -86,7 +91,11 @@ def _pilot_cells(pilot: Path, metric: str) -> pd.DataFrame:
     return cells
 
 
-def _pilot_spread(cells: pd.DataFrame, pilot: Path, metric: str) -> tuple[float, float, str]:
+def pilot_spread(cells: pd.DataFrame, pilot: Path, metric: str) -> tuple[float, float, str]:
+    """The per-seed spread of `metric` in a pilot's cells: the largest sd of a paired per-seed difference over the
+    pilot's comparisons (each variant against its RoPE reference, paired as the report pairs it: a variant
+    without θ with the reference at each of its θ), else √2 × the within-variant sd; the pooled within-variant
+    sd; and which comparison set the first."""
     tests = comparison_table(cells, metric)
     tests = tests[tests["n"] >= 2] if len(tests) else tests  # 2 or more seeds: a spread (its interval may be ±∞)
     values = seed_values(cells, metric)
@@ -97,13 +106,9 @@ def _pilot_spread(cells: pd.DataFrame, pilot: Path, metric: str) -> tuple[float,
                         "no per-seed spread; run the pilot with at least 2 seeds (axes: {seed: [1, 2]})")
     pooled = float(math.sqrt(np.average(within["var"], weights=within["count"] - 1)))
     paired = tests[tests["paired"]] if len(tests) else tests
-    if len(paired):
-        diffs = []
-        for _, row in paired.iterrows():
-            at = values[np.isclose(values["theta"].astype(float), row["theta"])]
-            t = at[at["variant"] == row["variant"]].set_index("seed")["value"]
-            r = at[at["variant"] == row["reference"]].set_index("seed")["value"]
-            diffs.append(float((t - r).dropna().std(ddof=1)))
+    diffs = [float((t - r).dropna().std(ddof=1))
+             for t, r in (arms(values, row.variant, row.reference, row.theta) for row in paired.itertuples())]
+    if any(np.isfinite(diffs)):
         worst = int(np.nanargmax(diffs))
         row = paired.iloc[worst]
         source = (f"the largest of {len(paired)} paired comparison(s): {row['variant']} − {row['reference']} at "
@@ -120,7 +125,7 @@ def seed_advice(pilot: str | Path, planned: pd.DataFrame, metric: str, differenc
                         "e.g. --detect 0.02")
     pilot_dir = find_sweep_dir(pilot)
     pilot_cells = _pilot_cells(pilot_dir, metric)
-    paired_sd, unpaired_sd, source = _pilot_spread(pilot_cells, pilot_dir, metric)
+    paired_sd, unpaired_sd, source = pilot_spread(pilot_cells, pilot_dir, metric)
     family = family_size(planned)
     if metric.startswith("efflen_"):  # the effective-length table is one family over its columns (as the pilot's)
         family *= sum(1 for c in pilot_cells if c.startswith("efflen_") and pilot_cells[c].notna().any())

@@ -4,7 +4,10 @@ position and a run whose loss goes non-finite: each hostile input gets the proje
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from sweeps import console
@@ -50,3 +53,70 @@ def test_a_json_path_that_is_a_directory_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         console.main(["bench", "encodings", "--json", str(tmp_path)])
     assert exit_.value.code == 2 and "argument --json" in capsys.readouterr().err
+
+
+def _results(rows: list[tuple[str, dict, float | None, int, float]]) -> pd.DataFrame:
+    """A results-shaped frame from (kind, pe fields, θ, seed, val_loss) rows, every cell finished."""
+    from trainer.model.position import encoding_identity, pe_config_class
+
+    out = []
+    for kind, fields, theta, seed, value in rows:
+        pe = pe_config_class(kind)(kind=kind, **fields, **({} if theta is None else {"theta": theta}))
+        out.append({**encoding_identity(pe), "status": "FINISHED", "dedup_of": None, "seed": seed, "val_loss": value})
+    df = pd.DataFrame(out)
+    df.attrs = {"axes": ["model.pe", "seed"], "seed_axes": ["seed"]}
+    return df
+
+
+RNG_SEEDS = (1, 2, 3, 4)
+ROPE = [2.0, 2.1, 1.9, 2.05]
+PALEY = [v - 0.01 + d for v, d in zip(ROPE, [0.0001, -0.0001, 0.0002, 0.0], strict=True)]  # paired sd ~ 1e-4
+ALIBI = [v + d for v, d in zip(ROPE, [0.03, -0.02, 0.01, -0.03], strict=True)]  # paired sd ~ 0.028
+
+
+def _pilot(*variants: str) -> pd.DataFrame:
+    from analysis.variants import trained
+
+    rows = [("rope", {}, 1e4, s, v) for s, v in zip(RNG_SEEDS, ROPE, strict=True)]
+    if "paley" in variants:
+        rows += [("hdrope", {"rotation_dim": 4, "basis": "paley"}, 1e4, s, v)
+                 for s, v in zip(RNG_SEEDS, PALEY, strict=True)]
+    if "alibi" in variants:
+        rows += [("alibi", {}, None, s, v) for s, v in zip(RNG_SEEDS, ALIBI, strict=True)]
+    return trained(_results(rows))
+
+
+def test_seed_advice_sizes_for_the_largest_spread_a_variant_without_theta_included():
+    """Issue 34 §4: on a RoPE / 4D Paley / ALiBi pilot the spread of ALiBi − RoPE (ALiBi has no θ) was dropped, so the
+    advice used Paley − RoPE's far smaller one; the size now comes from the largest, and the advice says which."""
+    from analysis.power import pilot_spread
+
+    sd, _, source = pilot_spread(_pilot("paley", "alibi"), Path("pilot"), "val_loss")
+    expected = float(np.std(np.subtract(ALIBI, ROPE), ddof=1))
+    assert sd == pytest.approx(expected)
+    assert "ALiBi − RoPE at θ=10000" in source and "of 2 paired" in source
+
+
+def test_seed_advice_on_a_rope_and_alibi_pilot_is_no_traceback():
+    """Issue 34 §4: RoPE + ALiBi alone was `ValueError: All-NaN slice encountered`."""
+    from analysis.power import pilot_spread
+
+    sd, _, source = pilot_spread(_pilot("alibi"), Path("pilot"), "val_loss")
+    assert sd == pytest.approx(float(np.std(np.subtract(ALIBI, ROPE), ddof=1)))
+    assert "ALiBi − RoPE" in source
+
+
+def test_the_planned_family_counts_a_variant_without_theta_at_every_theta():
+    """Kin of §4: a report compares ALiBi with RoPE at each θ RoPE ran, so a plan over two θ draws four comparisons
+    with 4D Paley and ALiBi, not three; a family counted short made the advice's α too lenient."""
+    from analysis.comparisons import comparison_table
+    from analysis.power import family_size
+    from analysis.variants import trained
+
+    rows = [(kind, fields, theta, s, float(s))
+            for kind, fields, thetas in [("rope", {}, [1e4, 5e5]),
+                                         ("hdrope", {"rotation_dim": 4, "basis": "paley"}, [1e4, 5e5]),
+                                         ("alibi", {}, [None])]
+            for theta in thetas for s in (1, 2)]
+    planned = _results(rows)
+    assert family_size(planned) == len(comparison_table(trained(planned), "val_loss")) == 4
