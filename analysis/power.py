@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.comparisons import arms, comparison_table, references
-from analysis.lengthgen import with_effective_lengths
+from analysis.lengthgen import LEARNED_THRESHOLD, learned_table, task_metrics, with_effective_lengths
 from analysis.load import find_sweep_dir, load_results, sweep_cells
 from analysis.outcomes import seed_values
 from analysis.stats import seeds_needed
@@ -91,6 +91,29 @@ def _pilot_cells(pilot: Path, metric: str) -> pd.DataFrame:
     return cells
 
 
+def _no_spread(cells: pd.DataFrame, pilot: Path, metric: str) -> str:
+    """Why no variant of the pilot gives a per-seed spread of `metric`: too few seeds, or a metric left empty
+    (an effective length of a task no variant learned)."""
+    seeds = cells.groupby(["variant", cells["theta"].astype(float).fillna(-1.0)])["seed"].nunique()
+    if seeds.empty or seeds.max() < 2:
+        return (f"--pilot {pilot}: no variant of the pilot has 2 or more seeds of {metric}, so it measures no "
+                "per-seed spread; run the pilot with at least 2 seeds (axes: {seed: [1, 2]})")
+    task = metric.removeprefix("efflen_")
+    table = learned_table(cells)
+    table = table[(table["task"] == task) & ~table["learned"]]
+    if metric.startswith("efflen_") and len(table):
+        shortest = next(iter(task_metrics(list(cells)).get(task, {}).values()), "val_loss")
+        said = ", ".join(f"{r.variant}{'' if pd.isna(r.theta) else f' at θ={r.theta:g}'} ({r.k}/{r.n} at 1x)"
+                         for r in table.itertuples())
+        return (f"--metric {metric}: empty in the pilot {pilot}: the task {task} was not learned (1x exact match "
+                f"below {LEARNED_THRESHOLD:g}) by {said}, so it has no effective length and no per-seed spread; "
+                f"size the plan on a metric the pilot measured (e.g. --metric {shortest}), or pilot with more steps "
+                "so that the task is learned")
+    return (f"--metric {metric}: empty in the pilot {pilot}: no cell of "
+            f"{', '.join(map(str, cells['variant'].unique()))} has a finite value of it, so it measures no per-seed "
+            "spread; choose a metric the pilot computed")
+
+
 def pilot_spread(cells: pd.DataFrame, pilot: Path, metric: str) -> tuple[float, float, str]:
     """The per-seed spread of `metric` in a pilot's cells: the largest sd of a paired per-seed difference over the
     pilot's comparisons (each variant against its RoPE reference, paired as the report pairs it: a variant
@@ -102,8 +125,7 @@ def pilot_spread(cells: pd.DataFrame, pilot: Path, metric: str) -> tuple[float, 
     within = values.groupby(["variant", "theta"], dropna=False)["value"].agg(["var", "count"]).dropna()
     within = within[within["count"] >= 2]
     if within.empty:
-        raise UserError(f"--pilot {pilot}: no variant of the pilot has 2 or more seeds of {metric}, so it measures "
-                        "no per-seed spread; run the pilot with at least 2 seeds (axes: {seed: [1, 2]})")
+        raise UserError(_no_spread(cells, pilot, metric))
     pooled = float(math.sqrt(np.average(within["var"], weights=within["count"] - 1)))
     paired = tests[tests["paired"]] if len(tests) else tests
     diffs = [float((t - r).dropna().std(ddof=1))

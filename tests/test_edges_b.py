@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from hdrope.errors import UserError
 from sweeps import console
 
 BAD_BENCH_FLAGS = [
@@ -62,7 +63,8 @@ def _results(rows: list[tuple[str, dict, float | None, int, float]]) -> pd.DataF
     out = []
     for kind, fields, theta, seed, value in rows:
         pe = pe_config_class(kind)(kind=kind, **fields, **({} if theta is None else {"theta": theta}))
-        out.append({**encoding_identity(pe), "status": "FINISHED", "dedup_of": None, "seed": seed, "val_loss": value})
+        out.append({**encoding_identity(pe), "status": "FINISHED", "dedup_of": None, "seed": seed, "val_loss": value,
+                    "run_dir": "/nonexistent/run"})
     df = pd.DataFrame(out)
     df.attrs = {"axes": ["model.pe", "seed"], "seed_axes": ["seed"]}
     return df
@@ -120,3 +122,25 @@ def test_the_planned_family_counts_a_variant_without_theta_at_every_theta():
             for theta in thetas for s in (1, 2)]
     planned = _results(rows)
     assert family_size(planned) == len(comparison_table(trained(planned), "val_loss")) == 4
+
+
+def test_seed_advice_on_a_task_no_variant_learned_says_so():
+    """Issue 34 §14: `--metric efflen_copy` on a 2-seed pilot that did not learn copy said "no variant of the pilot
+    has 2 or more seeds"; it says the metric is empty because the task was not learned, naming the variants."""
+    from analysis.lengthgen import with_effective_lengths
+    from analysis.power import pilot_spread
+    from analysis.variants import trained
+
+    rows = [("rope", {}, 1e4, s, 2.0) for s in (1, 2)] + [("hdrope", {"rotation_dim": 4, "basis": "paley"}, 1e4, s, 2.0)
+                                                          for s in (1, 2)]
+    results = _results(rows).assign(acc_copy_x1=[0.25, 0.0, 0.125, 0.0], n_copy_x1=8, acc_copy_x2=0.0, n_copy_x2=8)
+    cells = with_effective_lengths(trained(results))
+    with pytest.raises(UserError) as err:
+        pilot_spread(cells, Path("P"), "efflen_copy")
+    message = str(err.value)
+    assert "2 or more seeds" not in message
+    assert "the task copy was not learned" in message and "RoPE at θ=10000 (2/16 at 1x)" in message
+    assert "4D Paley at θ=10000 (1/16 at 1x)" in message
+    # a pilot of one seed is still told to run more seeds
+    with pytest.raises(UserError, match="2 or more seeds"):
+        pilot_spread(cells[cells["seed"] == 1], Path("P"), "efflen_copy")
