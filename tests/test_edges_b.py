@@ -144,3 +144,39 @@ def test_seed_advice_on_a_task_no_variant_learned_says_so():
     # a pilot of one seed is still told to run more seeds
     with pytest.raises(UserError, match="2 or more seeds"):
         pilot_spread(cells[cells["seed"] == 1], Path("P"), "efflen_copy")
+
+
+def _damaged_position_loss(run_dir: Path, column: str, values) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from trainer.evals.position_loss import POSITION_LOSS_FILE, PositionLoss, write_position_loss
+
+    path = run_dir / POSITION_LOSS_FILE
+    write_position_loss({1.0: PositionLoss(np.full(16, 2.0), np.full(16, 1)),
+                         2.0: PositionLoss(np.full(32, 2.0), np.full(32, 1))}, 4, "linear", path)
+    table = pq.read_table(path)
+    at = table.column_names.index(column)
+    pq.write_table(table.set_column(at, column, pa.array(values(table.column(column).to_pylist()))), path)
+
+
+@pytest.mark.parametrize(("column", "values", "said"), [
+    ("length_factor", lambda v: [0.0] * len(v), "length_factor = 0 in"),  # was ZeroDivisionError
+    ("loss", lambda v: [str(x) for x in v], "column loss is stored as string"),  # was TypeError
+    ("loss", lambda v: [float("nan")] * len(v), "loss = nan"),
+    ("tokens", lambda v: [0] * len(v), "tokens = 0 in"),
+    ("position", lambda v: [x + 1000 for x in v], "≥ its length"),
+    ("length", lambda v: [None] * len(v), "column length is stored as null"),
+])
+def test_a_damaged_position_loss_file_is_refused_naming_the_file(tmp_path, column, values, said):
+    """Issue 34 §9: a position_loss.parquet with length_factor 0, or its loss stored as text, is refused like a
+    truncated one (UserError naming the file: exit 2 in `hdrope report`), not a ZeroDivisionError / TypeError."""
+    from analysis.lengthgen import with_effective_lengths
+    from trainer.evals.position_loss import POSITION_LOSS_FILE
+
+    _damaged_position_loss(tmp_path, column, values)
+    cells = pd.DataFrame({"variant": ["RoPE"], "theta": [1e4], "run_dir": [str(tmp_path)]})
+    with pytest.raises(UserError) as err:
+        with_effective_lengths(cells)
+    assert str(tmp_path / POSITION_LOSS_FILE) in str(err.value) and said in str(err.value)
+    assert "rerun the cell's evaluation" in str(err.value)
