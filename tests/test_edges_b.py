@@ -180,3 +180,26 @@ def test_a_damaged_position_loss_file_is_refused_naming_the_file(tmp_path, colum
         with_effective_lengths(cells)
     assert str(tmp_path / POSITION_LOSS_FILE) in str(err.value) and said in str(err.value)
     assert "rerun the cell's evaluation" in str(err.value)
+
+
+def test_a_producer_killed_halfway_through_a_batch_gives_the_projects_message():
+    """Issue 34 §8: the producer is ahead, blocked halfway through writing a batch larger than the pipe's buffer, and
+    is killed (as by the OOM killer): the trainer raised `OSError: got end of file during message`; it now gives the
+    producer's own message, which says how to rerun."""
+    import os
+    import signal
+
+    from trainer.data.batch_stream import BatchStream
+    from trainer.data.batches import TrainBatches
+    from trainer.data.tokenizer import ByteTokenizer
+
+    tokens = np.asarray(ByteTokenizer().encode("The grass is green. The sky is blue. " * 400), dtype=np.int64)
+    batches = TrainBatches(tokens, 1024, 16, seed=5)  # 16 x 1025 int64: 131 kB a batch, twice a pipe's 64 KiB
+    with BatchStream(batches, 0, 10, 1, "process") as stream:
+        assert np.array_equal(stream.get(0), batches.rows(0, 0))
+        time.sleep(0.5)  # it writes step 1's batch, fills the pipe and blocks midway
+        os.kill(stream.process.pid, signal.SIGKILL)
+        stream.process.join(5)
+        with pytest.raises(RuntimeError, match=r"the batch producer process ended \(killed by signal 9\) before "
+                                               r"step 1's batch; rerun with train.batch_producer=inline"):
+            stream.get(1)
