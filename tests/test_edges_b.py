@@ -203,3 +203,38 @@ def test_a_producer_killed_halfway_through_a_batch_gives_the_projects_message():
         with pytest.raises(RuntimeError, match=r"the batch producer process ended \(killed by signal 9\) before "
                                                r"step 1's batch; rerun with train.batch_producer=inline"):
             stream.get(1)
+
+
+def test_a_loss_not_finite_at_step_1_names_the_parameter_and_leaves_no_half_run(tiny_cfg):
+    """Issue 34 §13: `model.pe.kind=comrope model.pe.init_std=1e30 optim.lr=1e-6` said "lower optim.lr" and left
+    config.yaml and run.json behind; it names the angles and the field that set them, and the run directory keeps
+    only what was there before, so a rerun with the fix into it is not refused."""
+    from trainer.files.run_files import claim_run_dir
+    from trainer.run.loop import TrainingDiverged, train
+
+    cfg = tiny_cfg("model.pe.kind=comrope", "model.pe.init_std=1e30", "optim.lr=1e-6", "train.steps=3",
+                   "eval.passkey.enabled=false", "eval.extrapolation_batches=0")
+    run_dir = Path(cfg.train.out_dir)
+    run_dir.mkdir(parents=True)
+    (run_dir / "notes.txt").write_text("mine")
+    with pytest.raises(TrainingDiverged) as err:
+        train(cfg)
+    message = str(err.value)
+    assert message.startswith("loss is nan at step 1 (computed from the initial parameters, before any update)")
+    assert "pe.angles has values up to" in message and "model.pe.init_std=1e+30 (default 1.0)" in message
+    assert "optim.lr is not the cause" in message and "lower optim.lr" not in message
+    assert sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(".")) == ["notes.txt"]
+    claim_run_dir(run_dir, "another-config", "fixed")  # a rerun of another config is not refused
+
+
+def test_a_loss_that_goes_non_finite_after_an_extreme_init_names_the_init_not_the_learning_rate(tiny_cfg):
+    """Kin of §13: `model.init_std=1e30` keeps step 1's loss finite and is nan from step 2 on; the message names the
+    weights the run started from and model.init_std instead of "lower optim.lr"."""
+    from trainer.run.loop import TrainingDiverged, train
+
+    with pytest.raises(TrainingDiverged) as err:
+        train(tiny_cfg("model.init_std=1e30", "train.steps=3", "eval.passkey.enabled=false",
+                       "eval.extrapolation_batches=0"))
+    message = str(err.value)
+    assert "the run started from extreme parameters: tok_embeddings.weight has values up to" in message
+    assert "model.init_std=1e+30 (default 0.02)" in message and "lower optim.lr" not in message
