@@ -127,12 +127,10 @@ def pilot_spread(cells: pd.DataFrame, pilot: Path, metric: str) -> tuple[float, 
     if within.empty:
         raise UserError(_no_spread(cells, pilot, metric))
     pooled = float(math.sqrt(np.average(within["var"], weights=within["count"] - 1)))
-    if pooled == 0:  # no spread: a power calculation would answer its minimum whatever the difference
-        ranked = values.sort_values("variant_rank").groupby("variant", sort=False)
-        flat = ", ".join(f"{v} {g['value'].iloc[0]:g}" for v, g in ranked)
-        raise UserError(f"--metric {metric}: every seed of each variant of the pilot {pilot} gave the same value "
-                        f"({flat}), so it measures no per-seed spread to size a plan from (a task not learned scores "
-                        "flat); choose a metric that varies over seeds, e.g. val_loss")
+    if values["value"].nunique() == 1:  # constant: a power calculation would answer its minimum for any difference
+        raise UserError(f"--metric {metric}: every seed of every variant of the pilot {pilot} gave the same value "
+                        f"({values['value'].iloc[0]:g}), so it measures nothing to size a plan from (a task not "
+                        "learned scores flat); choose a metric that varies, e.g. val_loss")
     paired = tests[tests["paired"]] if len(tests) else tests
     diffs = [float((t - r).dropna().std(ddof=1))
              for t, r in (arms(values, row.variant, row.reference, row.theta) for row in paired.itertuples())]

@@ -241,14 +241,14 @@ def test_a_loss_that_goes_non_finite_after_an_extreme_init_names_the_init_not_th
 
 
 def test_seed_advice_on_a_metric_with_no_spread_is_refused_not_sized_at_the_minimum():
-    """Kin of §4 and §14: a metric every seed scored alike (an accuracy of 0 where the task was not learned) has spread
-    0, and the advice answered the fewest seeds any test allows ("6 seeds", "2 seeds per variant") whatever the
-    difference: a silent wrong number. It is refused, naming the flat values."""
+    """Kin of §4 and §14: a metric the whole pilot scored alike (an accuracy of 0 where the task was not learned) has
+    spread 0, and the advice answered the fewest seeds any test allows ("6 seeds", "2 seeds per variant") whatever
+    the difference: a silent wrong number. It is refused, naming the value."""
     from analysis.power import pilot_spread
     from analysis.variants import trained
 
     rows = [("rope", {}, 1e4, s, 0.0) for s in (1, 2, 3)] + [
         ("hdrope", {"rotation_dim": 4, "basis": "paley"}, 1e4, s, 0.0) for s in (1, 2, 3)]
-    with pytest.raises(UserError, match=r"--metric val_loss: every seed of each variant .* gave the same value "
-                                        r"\(RoPE 0, 4D Paley 0\)"):
+    with pytest.raises(UserError, match=r"--metric val_loss: every seed of every variant of the pilot P gave the "
+                                        r"same value \(0\)"):
         pilot_spread(trained(_results(rows)), Path("P"), "val_loss")
