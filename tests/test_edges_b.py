@@ -252,3 +252,11 @@ def test_seed_advice_on_a_metric_with_no_spread_is_refused_not_sized_at_the_mini
     with pytest.raises(UserError, match=r"--metric val_loss: every seed of every variant of the pilot P gave the "
                                         r"same value \(0\)"):
         pilot_spread(trained(_results(rows)), Path("P"), "val_loss")
+
+
+def test_a_bench_encodings_head_dim_no_kind_takes_names_the_shape_flag(capsys):
+    """Kin of §10: `bench encodings --shape 1 2 16 6` was refused by the message of model.pe.rotation_dim, a field
+    the bench has no flag for; it names --shape and a D that fits, before allocating q and k."""
+    assert console.main(["bench", "encodings", "--shape", "1", "2", "16", "6", "--rounds", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "error: --shape 1 2 16 6: the head dim D=6 does not suit" in err and "e.g. 64" in err
