@@ -47,7 +47,7 @@ def test_a_bench_refuses_a_bad_flag_before_any_work(args, flag, capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert f"argument {flag}" in err and "Traceback" not in err
-    assert time.perf_counter() - t0 < 5  # refused while parsing, before the bench ran
+    assert time.perf_counter() - t0 < 30  # refused while parsing (imports only), long before any bench finishes
 
 
 def test_a_json_path_that_is_a_directory_is_refused(tmp_path, capsys):
