@@ -18,14 +18,14 @@ __all__ = ["non_negative_int", "positive_float", "positive_int", "probability", 
 def _int(text: str) -> int:
     try:
         return int(text)
-    except ValueError:
+    except ValueError:  # int() of text that is no whole number
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
 
 
 def _float(text: str) -> float:
     try:
         value = float(text)
-    except ValueError:
+    except ValueError:  # float() of text that is no number
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number")
