@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from hdrope.bench_args import positive_float
 from hdrope.errors import UserError
 
 __all__ = ["main", "write_synthetic_dump"]
@@ -87,13 +88,12 @@ def _time_numpy(path: Path, budget: float) -> tuple[int, float]:
 def main(argv: list[str]) -> int:
     """CLI entry of `hdrope bench analysis`."""
     p = argparse.ArgumentParser(prog="hdrope bench analysis", description=__doc__)
-    p.add_argument("--gib", type=float, default=1.0, help="dump size in GiB (split 1:3 between L=256 and L=1024)")
-    p.add_argument("--seconds", type=float, default=20.0, help="time budget per (L, method)")
+    p.add_argument("--gib", type=positive_float, default=1.0,
+                   help="dump size in GiB (split 1:3 between L=256 and L=1024)")
+    p.add_argument("--seconds", type=positive_float, default=20.0, help="time budget per (L, method)")
     p.add_argument("--dir", default="", help="where to write the dump (default: a temporary directory)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
-    if a.gib <= 0 or a.seconds <= 0:
-        raise UserError("--gib and --seconds must be > 0")
     if a.dir and not (Path(a.dir).is_dir() and os.access(a.dir, os.W_OK)):
         why = "is not a writable directory" if Path(a.dir).exists() else "does not exist"
         raise UserError(f"--dir {a.dir}: {why}; the benchmark writes its {a.gib:g} GiB dump there, so create it first "

@@ -17,8 +17,8 @@ from analysis.stats import CORRECTIONS, adjust, compare, detectable_difference, 
 from analysis.variants import theta_text, variant_axes
 from trainer.model.position import identity_is_rope
 
-__all__ = ["COLUMNS", "EXPLORATORY", "comparison_family", "comparison_table", "corrected", "correction_text", "fmt",
-           "is_rope", "pair_row", "references", "verdict"]
+__all__ = ["COLUMNS", "EXPLORATORY", "arms", "comparison_family", "comparison_table", "corrected",
+           "correction_text", "fmt", "is_rope", "pair_row", "references", "verdict"]
 
 COLUMNS = ["metric", "theta", "variant", "reference", "delta", "lo", "hi", "p", "p_adj", "n", "paired", "method",
            "testable", "significant", "mde", "family", "correction", "level"]
@@ -52,7 +52,9 @@ def _at(values: pd.DataFrame, variant: str, theta: float) -> pd.Series:
     return at.set_index("seed")["value"]
 
 
-def _arms(values: pd.DataFrame, variant: str, reference: str, theta: float) -> tuple[pd.Series, pd.Series]:
+def arms(values: pd.DataFrame, variant: str, reference: str, theta: float) -> tuple[pd.Series, pd.Series]:
+    """The per-seed values (seed_values rows) of a variant and of its reference at θ, as a comparison pairs them:
+    a variant without θ against the reference at each of the reference's θ."""
     return _at(values, variant, theta), _at(values, reference, theta)
 
 
@@ -60,7 +62,7 @@ def pair_row(values: pd.DataFrame, metric: str, variant: str, reference: str, th
              level: float = 0.95) -> dict | None:
     """The uncorrected comparison variant − reference at θ from `seed_values` rows (paired by seed when both ran
     the same seeds, else Welch), as a row of COLUMNS before correction (plus sd); None when either did not run."""
-    t, r = _arms(values, variant, reference, theta)
+    t, r = arms(values, variant, reference, theta)
     if t.empty or r.empty:
         return None
     paired = set(t.index) == set(r.index)

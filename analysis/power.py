@@ -16,15 +16,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.comparisons import comparison_table, references
-from analysis.lengthgen import loss_readings, with_effective_lengths
+from analysis.comparisons import arms, comparison_table, references
+from analysis.lengthgen import LEARNED_THRESHOLD, learned_table, loss_readings, task_metrics, with_effective_lengths
 from analysis.load import find_sweep_dir, load_results, sweep_cells
 from analysis.outcomes import seed_values
 from analysis.stats import seeds_needed
 from analysis.variants import trained
 from hdrope.errors import UserError
 
-__all__ = ["SeedAdvice", "family_size", "seed_advice"]
+__all__ = ["SeedAdvice", "family_size", "pilot_spread", "seed_advice"]
 
 
 @dataclass(frozen=True)
@@ -64,11 +64,16 @@ class SeedAdvice:
 
 def family_size(planned: pd.DataFrame) -> int:
     """The comparisons a report of these planned cells draws per metric table: every (variant, θ) with a RoPE
-    reference (planned: a results-shaped frame of the plan's cells)."""
+    reference, a variant without θ once per θ of its reference (planned: a results-shaped frame of the plan's
+    cells)."""
     cells = trained(planned)
     refs = references(cells)
-    pairs = cells[cells["variant"].isin(list(refs))][["variant", "theta"]].astype(str).drop_duplicates()
-    return max(1, len(pairs))
+    values = cells[["variant", "theta", "seed"]].assign(value=0.0)
+    values["theta"] = values["theta"].astype(float)
+    thetas = sorted({float(t) for t in values["theta"].dropna()})
+    drawn = sum(1 for theta in thetas for variant, ref in refs.items()
+                if all(len(arm) for arm in arms(values, variant, ref, theta)))
+    return max(1, drawn)
 
 
 def _pilot_cells(pilot: Path, metric: str) -> pd.DataFrame:
@@ -89,24 +94,50 @@ def _pilot_cells(pilot: Path, metric: str) -> pd.DataFrame:
     return cells
 
 
-def _pilot_spread(cells: pd.DataFrame, pilot: Path, metric: str) -> tuple[float, float, str]:
+def _no_spread(cells: pd.DataFrame, pilot: Path, metric: str) -> str:
+    """Why no variant of the pilot gives a per-seed spread of `metric`: too few seeds, or a metric left empty
+    (an effective length of a task no variant learned)."""
+    seeds = cells.groupby(["variant", cells["theta"].astype(float).fillna(-1.0)])["seed"].nunique()
+    if seeds.empty or seeds.max() < 2:
+        return (f"--pilot {pilot}: no variant of the pilot has 2 or more seeds of {metric}, so it measures no "
+                "per-seed spread; run the pilot with at least 2 seeds (axes: {seed: [1, 2]})")
+    task = metric.removeprefix("efflen_")
+    table = learned_table(cells)
+    table = table[(table["task"] == task) & ~table["learned"]]
+    if metric.startswith("efflen_") and len(table):
+        shortest = next(iter(task_metrics(list(cells)).get(task, {}).values()), "val_loss")
+        said = ", ".join(f"{r.variant}{'' if pd.isna(r.theta) else f' at θ={r.theta:g}'} ({r.k}/{r.n} at 1x)"
+                         for r in table.itertuples())
+        return (f"--metric {metric}: empty in the pilot {pilot}: the task {task} was not learned (1x exact match "
+                f"below {LEARNED_THRESHOLD:g}) by {said}, so it has no effective length and no per-seed spread; "
+                f"size the plan on a metric the pilot measured (e.g. --metric {shortest}), or pilot with more steps "
+                "so that the task is learned")
+    return (f"--metric {metric}: empty in the pilot {pilot}: no cell of "
+            f"{', '.join(map(str, cells['variant'].unique()))} has a finite value of it, so it measures no per-seed "
+            "spread; choose a metric the pilot computed")
+
+
+def pilot_spread(cells: pd.DataFrame, pilot: Path, metric: str) -> tuple[float, float, str]:
+    """The per-seed spread of `metric` in a pilot's cells: the largest sd of a paired per-seed difference over the
+    pilot's comparisons (each variant against its RoPE reference, paired as the report pairs it: a variant
+    without θ with the reference at each of its θ), else √2 × the within-variant sd; the pooled within-variant
+    sd; and which comparison set the first."""
     tests = comparison_table(cells, metric)
     tests = tests[tests["n"] >= 2] if len(tests) else tests  # 2 or more seeds: a spread (its interval may be ±∞)
     values = seed_values(cells, metric)
     within = values.groupby(["variant", "theta"], dropna=False)["value"].agg(["var", "count"]).dropna()
     within = within[within["count"] >= 2]
     if within.empty:
-        raise UserError(f"--pilot {pilot}: no variant of the pilot has 2 or more seeds of {metric}, so it measures "
-                        "no per-seed spread; run the pilot with at least 2 seeds (axes: {seed: [1, 2]})")
+        raise UserError(_no_spread(cells, pilot, metric))
     pooled = float(math.sqrt(np.average(within["var"], weights=within["count"] - 1)))
+    if values["value"].nunique() == 1:  # constant: a power calculation would answer its minimum for any difference
+        raise UserError(f"--metric {metric}: every seed of every variant of the pilot {pilot} gave the same value "
+                        f"({values['value'].iloc[0]:g}), so it measures nothing to size a plan from (a task not "
+                        "learned scores flat); choose a metric that varies, e.g. val_loss")
     paired = tests[tests["paired"]] if len(tests) else tests
-    if len(paired):
-        diffs = []
-        for _, row in paired.iterrows():
-            at = values[np.isclose(values["theta"].astype(float), row["theta"])]
-            t = at[at["variant"] == row["variant"]].set_index("seed")["value"]
-            r = at[at["variant"] == row["reference"]].set_index("seed")["value"]
-            diffs.append(float((t - r).dropna().std(ddof=1)))
+    diffs = [float((t - r).dropna().std(ddof=1))
+             for t, r in (arms(values, row.variant, row.reference, row.theta) for row in paired.itertuples())]
+    if any(np.isfinite(diffs)):
         worst = int(np.nanargmax(diffs))
         row = paired.iloc[worst]
         source = (f"the largest of {len(paired)} paired comparison(s): {row['variant']} − {row['reference']} at "
@@ -123,7 +154,7 @@ def seed_advice(pilot: str | Path, planned: pd.DataFrame, metric: str, differenc
                         "e.g. --detect 0.02")
     pilot_dir = find_sweep_dir(pilot)
     pilot_cells = _pilot_cells(pilot_dir, metric)
-    paired_sd, unpaired_sd, source = _pilot_spread(pilot_cells, pilot_dir, metric)
+    paired_sd, unpaired_sd, source = pilot_spread(pilot_cells, pilot_dir, metric)
     family = family_size(planned)
     if metric.startswith("efflen_"):  # the effective-length table is one family over its columns (as the pilot's)
         family *= sum(1 for c in pilot_cells if c.startswith("efflen_") and pilot_cells[c].notna().any())

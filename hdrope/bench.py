@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from hdrope.bench_args import non_negative_int, positive_int, writable_file
 from hdrope.errors import UserError
 from hdrope.rotary import HDRotary
 
@@ -139,18 +140,16 @@ def run_rotary_bench(
 def main(argv: list[str]) -> int:
     """Run the rotary benchmark and print a table of times and ratios."""
     ap = argparse.ArgumentParser(prog="hdrope bench rotary", description=__doc__)
-    ap.add_argument("--shape", type=int, nargs=4, default=[8, 8, 1024, 64], metavar=("B", "H", "S", "D"))
-    ap.add_argument("--dims", type=int, nargs="+", default=[4, 8, 32], help="rotation dims besides RoPE")
+    ap.add_argument("--shape", type=positive_int, nargs=4, default=[8, 8, 1024, 64], metavar=("B", "H", "S", "D"))
+    ap.add_argument("--dims", type=positive_int, nargs="+", default=[4, 8, 32], help="rotation dims besides RoPE")
     ap.add_argument("--bases", nargs="+", default=["identity", "random", "paley"])
     ap.add_argument("--modes", nargs="+", default=["eager", "fused"], choices=["eager", "fused"])
-    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--rounds", type=positive_int, default=15)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="dtype of x (tables stay fp32)")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    ap.add_argument("--threads", type=non_negative_int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--json", type=writable_file, default=None, help="also write the rows to this JSON file")
     ap.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda or cuda:N")
     args = ap.parse_args(argv)
-    if args.rounds < 1:
-        raise UserError(f"--rounds must be ≥ 1, got {args.rounds}")
     dev = bench_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -13,6 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from hdrope.bench_args import positive_int
+
 __all__ = ["main", "run_sweep_bench"]
 
 _SPEC = """
@@ -71,8 +73,9 @@ def run_sweep_bench(steps: int = 30, concurrent: int = 1) -> dict:
 def main(argv: list[str]) -> int:
     """CLI entry of `hdrope bench sweep`."""
     p = argparse.ArgumentParser(prog="hdrope bench sweep", description=__doc__)
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--concurrent", type=int, default=1, help="trials at once under Tune (1 compares like for like)")
+    p.add_argument("--steps", type=positive_int, default=30)
+    p.add_argument("--concurrent", type=positive_int, default=1,
+                   help="trials at once under Tune (1 compares like for like)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     r = run_sweep_bench(a.steps, a.concurrent)

@@ -85,9 +85,8 @@ class BatchStream:
             return self.batches.rows(step, micro)
         try:
             message = self.conn.recv_bytes()
-        except EOFError:
-            code = self.process.exitcode if self.process else None
-            raise RuntimeError(f"the batch producer process ended (exit code {code}) before step {step}'s "
+        except (EOFError, OSError):  # gone between messages (EOF), or halfway through writing one (OSError)
+            raise RuntimeError(f"the batch producer process ended ({self._ending()}) before step {step}'s "
                                "batch; rerun with train.batch_producer=inline to see the error in the training "
                                "process") from None
         tag, got_step, got_micro = _HEADER.unpack_from(message)
@@ -101,6 +100,14 @@ class BatchStream:
                                f"micro {micro} was asked for: batches are taken in order from step {self.start}")
         shape = (self.batches.rows_per_rank, self.batches.seq_len + 1)
         return np.frombuffer(message, dtype=np.int64, offset=_HEADER.size).reshape(shape).copy()
+
+    def _ending(self) -> str:
+        """How the producer process ended, once it has (a killed one is reaped here to learn its signal)."""
+        if self.process is None:
+            return "exit code None"
+        self.process.join(timeout=_JOIN_S)
+        code = self.process.exitcode
+        return f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
 
     def close(self) -> None:
         """Stop the producer process (it also stops by itself at the last batch or when the reader goes away)."""

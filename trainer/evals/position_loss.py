@@ -128,4 +128,37 @@ def read_position_loss(path: Path) -> pa.Table:
     missing = [c for c in POSITION_LOSS_SCHEMA.names if c not in table.column_names]
     if missing:
         raise UserError(f"{path}: not a loss-by-position table (missing columns {missing}); {_FIX}")
+    if problem := _value_problem(table):
+        raise UserError(f"{path}: damaged loss-by-position table ({problem}); {_FIX}")
     return table
+
+
+# column -> (what its values must be, the check on a float64 array of them)
+_VALUES: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {
+    "length_factor": ("finite and > 0", lambda v: np.isfinite(v) & (v > 0)),
+    "length": ("whole numbers ≥ 1", lambda v: (v >= 1) & (v == np.floor(v))),
+    "position": ("whole numbers ≥ 0", lambda v: (v >= 0) & (v == np.floor(v))),
+    "loss": ("finite and ≥ 0 nats", lambda v: np.isfinite(v) & (v >= 0)),
+    "tokens": ("whole numbers ≥ 1", lambda v: (v >= 1) & (v == np.floor(v))),
+}
+
+
+def _value_problem(table: pa.Table) -> str | None:
+    """What is wrong with the values of a table that has the loss-by-position columns: a column stored as another
+    type than a number, an empty cell, or a value out of its range (a position past its window's length)."""
+    arrays = {}
+    for name, (rule, ok) in _VALUES.items():
+        column = table.column(name)
+        if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
+            return f"column {name} is stored as {column.type}, not as numbers"
+        if column.null_count:
+            return f"column {name} has {column.null_count} empty value(s)"
+        values = column.to_numpy().astype(np.float64)
+        bad = ~ok(values)
+        if bad.any():
+            return f"{name} = {values[bad][0]:g} in {int(bad.sum())} row(s): must be {rule}"
+        arrays[name] = values
+    past = arrays["position"] >= arrays["length"]
+    if past.any():
+        return f"position {arrays['position'][past][0]:g} ≥ its length {arrays['length'][past][0]:g}"
+    return None

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from hdrope.bench import median_round_robin
+from hdrope.bench_args import non_negative_int, positive_int, probability
 from trainer.config import RunConfig, TaskEvalConfig
 from trainer.data.batch_stream import BatchStream
 from trainer.data.batches import TrainBatches
@@ -103,11 +104,11 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="hdrope bench tasks", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="tasks_compact")
-    p.add_argument("--ratio", type=float, default=0.5, help="data.task_ratio of the task step")
-    p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--block", type=int, default=10,
+    p.add_argument("--ratio", type=probability, default=0.5, help="data.task_ratio of the task step")
+    p.add_argument("--rounds", type=positive_int, default=10)
+    p.add_argument("--block", type=positive_int, default=10,
                    help="steps in a row per timed call (a producer process gets no more head start than in a run)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    p.add_argument("--threads", type=non_negative_int, default=0, help="torch threads (0: default)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("overrides", nargs="*", help="key=value overrides of the preset")
     a = p.parse_args(argv)

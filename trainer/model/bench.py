@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from hdrope.bench import DTYPES, bench_device, median_round_robin, synced
+from hdrope.bench_args import non_negative_int, positive_int, writable_file
 from hdrope.errors import UserError
 from trainer.model.args import ModelArgs
 from trainer.model.encodings.base import EncodingShape, PositionModule
@@ -78,16 +79,22 @@ def run_encodings_bench(shape: tuple[int, int, int, int] = (8, 8, 1024, 64), rou
     _b, h, s, d = shape
     torch.manual_seed(0)
     dev = torch.device(device)
+    dims = EncodingShape(d, h, h, 1, s)
+    variants = _variants()
+    encodings = {}
+    for label, cfg in variants.items():  # every kind takes this shape, or the bench stops before it allocates
+        try:
+            encodings[label] = build_position_encoding(cfg, dims).to(dev)
+        except UserError as err:
+            raise UserError(f"--shape {' '.join(map(str, shape))}: the head dim D={d} does not suit {label} at its "
+                            f"defaults ({err}); choose a D that every kind takes, e.g. 64") from None
     q, k, v = (torch.randn(shape, device=dev, dtype=dtype) for _ in range(3))
     qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
     pos = torch.arange(s, device=dev)
-    dims = EncodingShape(d, h, h, 1, s)
     fwd: dict[str, Callable[[], object]] = {"floor": lambda: (q * 2.0, k * 2.0), SDPA: _sdpa(q, k, v, False)}
     bwd: dict[str, Callable[[], object]] = {SDPA: _sdpa(qg, kg, vg, True)}
-    variants = _variants()
     rope = next(label for label, cfg in variants.items() if identity_is_rope(encoding_identity(cfg)))
-    for label, cfg in variants.items():
-        enc = build_position_encoding(cfg, dims).to(dev)
+    for label, enc in encodings.items():
         fwd[label] = _transform(enc, q, k, v, pos, backward=False)
         bwd[label] = _transform(enc, qg, kg, vg, pos, backward=True)
     t_f, t_b = median_round_robin(synced(fwd, dev), rounds), median_round_robin(synced(bwd, dev), rounds)
@@ -100,15 +107,13 @@ def run_encodings_bench(shape: tuple[int, int, int, int] = (8, 8, 1024, 64), rou
 def main(argv: list[str]) -> int:
     """Run the encodings benchmark and print one row per kind."""
     ap = argparse.ArgumentParser(prog="hdrope bench encodings", description=__doc__)
-    ap.add_argument("--shape", type=int, nargs=4, default=[8, 8, 1024, 64], metavar=("B", "H", "S", "D"))
-    ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    ap.add_argument("--shape", type=positive_int, nargs=4, default=[8, 8, 1024, 64], metavar=("B", "H", "S", "D"))
+    ap.add_argument("--rounds", type=positive_int, default=15)
+    ap.add_argument("--threads", type=non_negative_int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--json", type=writable_file, default=None, help="also write the rows to this JSON file")
     ap.add_argument("--device", default="cpu", help="cpu (default), auto (cuda when available), cuda or cuda:N")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="dtype of q and k")
     args = ap.parse_args(argv)
-    if args.rounds < 1:
-        raise UserError(f"--rounds must be ≥ 1, got {args.rounds}")
     if args.threads:
         torch.set_num_threads(args.threads)
     dev = bench_device(args.device)

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from hdrope.bench import bench_device, median_round_robin
+from hdrope.bench_args import non_negative_int, positive_int
 from trainer.model.llama import Llama, ModelArgs, validate_model_args
 from trainer.model.position import build_position_encoding, pe_config_class
 from trainer.model.throughput import flops_per_token, peak_flops
@@ -136,11 +137,11 @@ def main(argv: list[str]) -> int:
     """CLI entry of `hdrope bench train`."""
     p = argparse.ArgumentParser(prog="hdrope bench train", description=__doc__)
     p.add_argument("--preset", default="compact")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--dims", type=int, nargs="+", default=[4, 8, 32])
-    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--batch", type=positive_int, default=8)
+    p.add_argument("--dims", type=positive_int, nargs="+", default=[4, 8, 32])
+    p.add_argument("--rounds", type=positive_int, default=10)
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    p.add_argument("--threads", type=non_negative_int, default=0, help="torch threads (0: default)")
     p.add_argument("--no-hf", action="store_true", help="skip the HF LlamaForCausalLM comparison")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda or cuda:N")

@@ -79,6 +79,7 @@ from trainer.run.distributed import (
     no_sync,
     wrap_model,
 )
+from trainer.run.divergence import first_step_message, later_step_message, leaving_no_stillborn_run, suspect_parameters
 from trainer.run.optim import build_optimizer, lr_at
 from trainer.run.reporting import Reporter
 
@@ -223,6 +224,7 @@ class _Run:
         self.stream = BatchStream(self.batches, 0, 0, cfg.train.grad_accum, cfg.train.batch_producer)
         self.losses: list[float] = []  # per-step training loss, settled (read back from the device)
         self.pending: list[torch.Tensor] = []  # losses of the steps since, still on the device
+        self.start_suspects: list[tuple[str, str]] = []  # non-finite or extreme parameters this process started from
         self.step = 0
         self.train_seconds, self.steps_here = 0.0, 0  # pure training time and steps in this process
         self.resumed_from: int | None = None
@@ -289,6 +291,11 @@ class _Run:
                 (loss / cfg.train.grad_accum).backward()  # the strategy averages the gradients over the workers
             total += loss.detach().double() / cfg.train.grad_accum  # stays on the device: no sync per micro-step
         self.pending.append(mean_across(total, self.world))
+        if self.steps_here == 0:  # once, on the parameters this process starts from (before their first update)
+            self.start_suspects = suspect_parameters(self.model)
+            if not math.isfinite(first := float(self.pending[-1])):
+                raise TrainingDiverged(first_step_message(cfg, self.start_suspects, first, self.step + 1,
+                                                          self.step > 0))
         if cfg.optim.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.parallel.parameters(), cfg.optim.grad_clip)
         self.train_optimizer.step()
@@ -305,10 +312,8 @@ class _Run:
         self.pending = []
         for i, value in enumerate(values):
             if not math.isfinite(value):
-                raise TrainingDiverged(
-                    f"loss is {value} at step {len(self.losses) + i + 1} (found at step {self.step}); "
-                    "lower optim.lr, keep optim.grad_clip on, or use train.dtype=fp32"
-                )
+                raise TrainingDiverged(later_step_message(self.cfg, self.start_suspects, value,
+                                                          len(self.losses) + i + 1, self.step))
         self.losses.extend(values)
 
     def sync(self, with_optimizer: bool) -> None:
@@ -365,7 +370,8 @@ def train(cfg: RunConfig, reporter: Reporter | None = None, strategy: str = "ddp
             refuse_foreign_run_dir(run_dir)  # the user's own files are never replaced
         run = _Run(cfg, reporter, chash, run_dir, strategy)  # data and model ready; nothing written in run_dir yet
         # rank 0 alone writes the run directory, so it alone holds it (a second writer is refused, naming this PID)
-        with hold_dir_lock(run_dir, f"hdrope train of config {chash}") if main else contextlib.nullcontext():
+        with hold_dir_lock(run_dir, f"hdrope train of config {chash}") if main else contextlib.nullcontext(), \
+                leaving_no_stillborn_run(run_dir, TrainingDiverged, active=main):
             return _train(run)
     except BaseException as err:  # every way a run ends early is recorded as its status, then raised again
         status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
