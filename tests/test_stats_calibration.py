@@ -171,7 +171,8 @@ def test_seeds_needed_falls_with_the_spread_where_the_power_saturates():
     `--detect 0.2` ask for 8 seeds at a paired sd of 0.069 and 7 at a wider 0.119 (Holm over 2: alpha 0.025)."""
     floor = seeds_to_reach(0.025, paired=True)
     assert floor == 7
-    wide, narrow = seeds_needed(0.2, 0.119, paired=True, alpha=0.025), seeds_needed(0.2, 0.069, paired=True, alpha=0.025)
+    wide = seeds_needed(0.2, 0.119, paired=True, alpha=0.025)
+    narrow = seeds_needed(0.2, 0.069, paired=True, alpha=0.025)
     assert wide == floor and narrow == floor
     assert [seeds_needed(0.2, sd, paired=True, alpha=0.025) for sd in (0.02, 0.05, 0.08, 0.12, 0.2)] == sorted(
         seeds_needed(0.2, sd, paired=True, alpha=0.025) for sd in (0.02, 0.05, 0.08, 0.12, 0.2))
