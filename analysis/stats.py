@@ -252,16 +252,21 @@ def seeds_needed(difference: float, sd: float, *, paired: bool, alpha: float = 0
     with the given power at alpha, at per-seed spread sd; None when even max_seeds do not."""
     if not (difference > 0 and np.isfinite(sd) and sd >= 0):
         raise ValueError(f"need a positive difference and a finite spread; got difference={difference}, sd={sd}")
-    model = _power_model(paired)
     for n in range(2, max_seeds + 1):
         if min_attainable_p(n, paired) > alpha:
             continue
         if sd == 0:
             return n
-        if paired:
-            got = model.power(effect_size=difference / sd, nobs=n, alpha=alpha)
-        else:
-            got = model.power(effect_size=difference / sd, nobs1=n, ratio=1.0, alpha=alpha)
-        if got >= power:
+        if _two_sided_power(difference / sd, n, paired=paired, alpha=alpha) >= power:
             return n
     return None
+
+
+def _two_sided_power(effect: float, n: int, *, paired: bool, alpha: float) -> float:
+    """The two-sided t-test's power at standardised effect `effect` with n seeds (pairs, or per arm): the sum of
+    its two tails, a tail that scipy's noncentral t cannot resolve (nan, far below 1e-16) counting as 0."""
+    model = _power_model(paired)
+    size = {"nobs": n} if paired else {"nobs1": n, "ratio": 1.0}
+    tails = [model.power(effect_size=effect, alpha=alpha / 2, alternative=side, **size)
+             for side in ("larger", "smaller")]
+    return float(sum(np.nan_to_num(np.asarray(t, dtype=np.float64)).item() for t in tails))

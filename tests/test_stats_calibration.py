@@ -163,3 +163,17 @@ def test_the_sign_flip_p_is_scipys_and_the_interval_is_exact():
         for d0, rejected in ((c.lo + 1e-9, False), (c.hi - 1e-9, False), (c.lo - 1e-9, True), (c.hi + 1e-9, True)):
             shifted = compare(d - d0, np.zeros(n), paired=True)
             assert _marked(shifted) == rejected, (n, d0)
+
+
+def test_seeds_needed_falls_with_the_spread_where_the_power_saturates():
+    """A large effect against a small spread is detected by as few seeds as the test can reach the level with:
+    statsmodels' two-sided power is nan there (scipy's noncentral t underflows in the far tail), which once made
+    `--detect 0.2` ask for 8 seeds at a paired sd of 0.069 and 7 at a wider 0.119 (Holm over 2: alpha 0.025)."""
+    floor = seeds_to_reach(0.025, paired=True)
+    assert floor == 7
+    wide = seeds_needed(0.2, 0.119, paired=True, alpha=0.025)
+    narrow = seeds_needed(0.2, 0.069, paired=True, alpha=0.025)
+    assert wide == floor and narrow == floor
+    assert [seeds_needed(0.2, sd, paired=True, alpha=0.025) for sd in (0.02, 0.05, 0.08, 0.12, 0.2)] == sorted(
+        seeds_needed(0.2, sd, paired=True, alpha=0.025) for sd in (0.02, 0.05, 0.08, 0.12, 0.2))
+    assert detectable_difference(0.069, floor, paired=True, alpha=0.025) < 0.2
