@@ -292,7 +292,7 @@ def test_killed_trial_recovers_from_its_checkpoint_with_the_same_final_loss(tmp_
     from sweeps.runner import prepare
     from trainer.run.loop import train
 
-    spec = write_spec(tmp_path, "kill", steps=150, batch=16, ckpt=15, dims="[4]", bases="[paley]")
+    spec = write_spec(tmp_path, "kill", steps=150, batch=8, ckpt=15, dims="[4]", bases="[paley]")
     cell_dir = tmp_path / "store" / "kill" / "cells" / "c000-rotation_dim4-basispaley"
     proc = subprocess.Popen([sys.executable, "-m", "sweeps.console", "sweep", "run", str(spec)], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ray_env())
