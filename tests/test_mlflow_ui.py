@@ -51,8 +51,11 @@ def _stop(proc) -> list:
 
 
 @pytest.fixture
-def sweep_store(tmp_path):
-    """A planned sweep with its MLflow experiment and parent run (what a sweep's driver writes before Ray)."""
+def sweep_store(tmp_path, migrated_mlflow_db):
+    """A planned sweep with its MLflow experiment and parent run (what a sweep's driver writes before Ray), in a
+    store of its own (a copy of the session's migrated empty database: the schema migrations run once)."""
+    import shutil
+
     from sweeps.plan_file import save_plan
     from sweeps.runner import prepare
     from trainer.run.tracking import SweepTracker
@@ -61,6 +64,7 @@ def sweep_store(tmp_path):
     spec.write_text(SPEC.format(storage=tmp_path / "store"))
     plan = prepare(str(spec))
     save_plan(plan)
+    shutil.copyfile(migrated_mlflow_db, plan.root / "mlflow.db")
     SweepTracker(f"sqlite:///{plan.root / 'mlflow.db'}", "uisweep").parent_run()
     return tmp_path / "store"
 

@@ -79,6 +79,12 @@ CASES = [
 ]
 
 
+# The compiled permute kernel at rotation dim 32 (32 chunks x 31 terms: the file's costliest inductor build, 20-50 s on
+# 2 cores) is built and checked once, at (70, 32, paley): the same 31 xor shifts plus leftover pairs, a superset of
+# (64, 32, paley)'s compiled code path. (64, 32) keeps every eager impl and the compiled dense one.
+COMPILED_ELSEWHERE = {(64, 32)}
+
+
 @pytest.mark.parametrize("d,n,basis", CASES)
 def test_forward_equals_rotation_matrix_for_every_impl(d, n, basis):
     torch.manual_seed(2)
@@ -86,6 +92,8 @@ def test_forward_equals_rotation_matrix_for_every_impl(d, n, basis):
     pos = torch.tensor([0, 1, 5, 999, 123456, 7])
     want = explicit(HDRotary(d, n, 1e4, basis=basis, seed=3), x, pos)
     impls = [("auto", False)] + [c for c in IMPLS if not (c[1] and n == 2 and c[0] == "rotate_half")]
+    if (d, n) in COMPILED_ELSEWHERE:
+        impls.remove(("permute", True))
     for impl, fused in impls:
         rot = HDRotary(d, n, 1e4, basis=basis, seed=3, impl=impl, fused=fused)
         cos, sin = rot.cos_sin(pos, torch.float64)

@@ -161,7 +161,9 @@ def test_local_grid_logs_one_run_per_cell_to_a_real_mlflow_server(tmp_path, cach
     assert status.returncode == 0 and "FINISHED 4" in status.stdout
 
 
-def test_ui_serves_a_sweep_store_on_localhost(tmp_path):
+def test_ui_serves_a_sweep_store_on_localhost(tmp_path, migrated_mlflow_db):
+    import shutil
+
     from sweeps.plan_file import save_plan
     from sweeps.runner import prepare
     from trainer.run.tracking import SweepTracker
@@ -169,6 +171,7 @@ def test_ui_serves_a_sweep_store_on_localhost(tmp_path):
     plan = prepare(str(write_spec(tmp_path, "uisweep")))
     root = plan.root
     save_plan(plan)  # the plan.json a real `hdrope sweep run` writes, before any Ray
+    shutil.copyfile(migrated_mlflow_db, root / "mlflow.db")  # schema migrations run once per session
     SweepTracker(f"sqlite:///{root / 'mlflow.db'}", "uisweep").parent_run()
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "sweeps.console", "ui", "uisweep", "--storage",
@@ -289,7 +292,7 @@ def test_killed_trial_recovers_from_its_checkpoint_with_the_same_final_loss(tmp_
     from sweeps.runner import prepare
     from trainer.run.loop import train
 
-    spec = write_spec(tmp_path, "kill", steps=150, batch=16, ckpt=15, dims="[4]", bases="[paley]")
+    spec = write_spec(tmp_path, "kill", steps=150, batch=8, ckpt=15, dims="[4]", bases="[paley]")
     cell_dir = tmp_path / "store" / "kill" / "cells" / "c000-rotation_dim4-basispaley"
     proc = subprocess.Popen([sys.executable, "-m", "sweeps.console", "sweep", "run", str(spec)], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ray_env())
