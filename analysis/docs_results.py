@@ -38,6 +38,7 @@ RESULTS_DIR = REPO_ROOT / "experiments" / "results"
 BLOCK = re.compile(r"<!-- results:(?P<study>[A-Za-z0-9_.-]+):(?P<table>[A-Za-z0-9_-]+) -->\n(?P<body>.*?)"
                    r"<!-- /results -->", re.S)
 NOT_SHIPPED = re.compile(r"<!-- not-shipped:(?P<study>[A-Za-z0-9_.-]+) -->(?P<body>.*?)<!-- /not-shipped -->", re.S)
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)  # a fenced code block: a block's example, not a quoted result
 NOTE = "not yet shipped: these numbers come from runs whose per-seed results are not in the repository"
 
 
@@ -108,6 +109,12 @@ def render(study: str, table: str, results_dir: Path = RESULTS_DIR) -> str:
     return TABLES[table](load_study(results_dir / study)) + "\n"
 
 
+def _blocks(text: str) -> list[re.Match]:
+    """The results blocks of a doc, outside fenced code (where a page shows the markers as an example)."""
+    fences = [(m.start(), m.end()) for m in FENCE.finditer(text)]
+    return [m for m in BLOCK.finditer(text) if not any(s <= m.start() < e for s, e in fences)]
+
+
 def _exempt(text: str) -> list[tuple[int, int, str]]:
     return [(m.start(), m.end(), m["study"]) for m in NOT_SHIPPED.finditer(text)]
 
@@ -126,7 +133,7 @@ def problems(files: Iterable[Path], results_dir: Path = RESULTS_DIR) -> list[str
             if (results_dir / study).is_dir():
                 found.append(f"{path}: {study} is shipped now ({results_dir / study}); replace its not-shipped "
                              "passage by results blocks")
-        for m in BLOCK.finditer(text):
+        for m in _blocks(text):
             where = f"{path}:{text.count(chr(10), 0, m.start()) + 1}: results block {m['study']}:{m['table']}"
             if not (results_dir / m["study"]).is_dir():
                 if not any(s <= m.start() < e and st == m["study"] for s, e, st in exempt):
@@ -147,14 +154,12 @@ def regenerate(files: Iterable[Path], results_dir: Path = RESULTS_DIR) -> list[P
     changed = []
     for path in files:
         text = path.read_text()
-
-        def body(m: re.Match) -> str:
-            if not (results_dir / m["study"]).is_dir():
-                return m.group(0)
-            return (f"<!-- results:{m['study']}:{m['table']} -->\n{render(m['study'], m['table'], results_dir)}"
-                    "<!-- /results -->")
-
-        new = BLOCK.sub(body, text)
+        new = text
+        for m in reversed(_blocks(text)):
+            if (results_dir / m["study"]).is_dir():
+                block = (f"<!-- results:{m['study']}:{m['table']} -->\n{render(m['study'], m['table'], results_dir)}"
+                         "<!-- /results -->")
+                new = new[:m.start()] + block + new[m.end():]
         if new != text:
             path.write_text(new)
             changed.append(path)

@@ -31,13 +31,15 @@ import pandas as pd
 from analysis.loss_length import loss_reading
 from trainer.evals.position_loss import PAIRED_COLUMNS, POSITION_LOSS_FILE, POSITION_LOSS_SCHEMA, read_position_loss
 
-__all__ = ["ACC_METRIC", "DEFAULT_RULE", "LEARNED_THRESHOLD", "LOSS_TOLERANCE", "AccuracyRule", "accuracy_counts",
+__all__ = ["ACC_METRIC", "DEFAULT_RULE", "LEARNED_THRESHOLD", "LOSS_REASON", "LOSS_TOLERANCE", "AccuracyRule",
+           "accuracy_counts",
            "effective_length", "is_task_metric", "learned_table", "loss_effective_length", "loss_readings",
            "position_losses",
            "task_metrics", "with_effective_lengths"]
 
 ACC_METRIC = re.compile(r"^acc_(?P<task>.+)_x(?P<tag>[0-9]+(?:\.[0-9]+)?)$")
 LEARNED_THRESHOLD = 0.9  # 1x exact match a task must reach before its lengths say anything (issue 25)
+LOSS_REASON = "loss_length_reason"  # the column that says why a cell's efflen_loss is what it is (or missing)
 LOSS_TOLERANCE = 0.1  # nats the full context may cost over the train length's on the same tokens
 
 
@@ -167,8 +169,8 @@ def with_effective_lengths(cells: pd.DataFrame, rule: AccuracyRule = DEFAULT_RUL
                            learned: pd.DataFrame | None = None) -> pd.DataFrame:
     """cells with `efflen_<task>` (per cell, so per seed; nan where the (variant, task) is not learned; on distance
     where the cell's tasks.parquet records it, see `analysis.distance`) and `efflen_loss` columns, ready for
-    `analysis.comparisons`; `learned` is these cells' `learned_table` at `threshold` when the caller has it
-    already."""
+    `analysis.comparisons`, and LOSS_REASON (why each cell's loss reading is what it is); `learned` is these
+    cells' `learned_table` at `threshold` when the caller has it already."""
     from analysis.distance import distance_effective_length, task_rows
 
     out = cells.copy()
@@ -188,4 +190,5 @@ def with_effective_lengths(cells: pd.DataFrame, rule: AccuracyRule = DEFAULT_RUL
     readings = loss_readings(cells, tolerance)
     if len(readings):
         out["efflen_loss"] = readings["value"].reindex(cells.index)
+        out[LOSS_REASON] = readings["reason"].reindex(cells.index)
     return out

@@ -44,10 +44,10 @@ from analysis.figures import (
 from analysis.lengthgen import (
     DEFAULT_RULE,
     LEARNED_THRESHOLD,
+    LOSS_REASON,
     LOSS_TOLERANCE,
     is_task_metric,
     learned_table,
-    loss_readings,
     task_metrics,
     with_effective_lengths,
 )
@@ -224,8 +224,10 @@ def _metric_grid(cells: pd.DataFrame, columns: dict[str, str], tests: pd.DataFra
 
 
 def _loss_reasons(cells: pd.DataFrame) -> str:
-    """' (cells without a value: <reason> ×n, …)' for the loss effective length, or ''."""
-    missing = pd.Series([r for r in loss_readings(cells)["reason"] if not r.startswith(("crossed", "censored"))])
+    """' (cells without a value: <reason> ×n, …)' for the loss effective length (cells with their LOSS_REASON
+    column, as `with_effective_lengths` gives them), or ''."""
+    reasons = cells[LOSS_REASON].dropna() if LOSS_REASON in cells else pd.Series(dtype=object)
+    missing = pd.Series([r for r in reasons if not str(r).startswith(("crossed", "censored"))])
     return f" (cells without a value: {'; '.join(f'{r} ×{n}' for r, n in missing.value_counts().items())})" \
         if len(missing) else ""
 

@@ -53,13 +53,14 @@ class Study:
 
 
 def _run_file_columns(sweep_dir: Path) -> pd.DataFrame:
-    """cell_id plus what the report reads from run files, per trained cell: efflen_* and passkey_n."""
-    from analysis.lengthgen import with_effective_lengths
+    """cell_id plus what the report reads from run files, per trained cell: efflen_*, the loss reading's reason
+    and passkey_n."""
+    from analysis.lengthgen import LOSS_REASON, with_effective_lengths
     from analysis.load import sweep_cells
     from analysis.outcomes import read_passkey
 
     cells = with_effective_lengths(sweep_cells(sweep_dir))
-    out = cells[["cell_id", *(c for c in cells if c.startswith("efflen_"))]].copy()
+    out = cells[["cell_id", *(c for c in cells if c.startswith("efflen_") or c == LOSS_REASON)]].copy()
     out["passkey_n"] = [len(read_passkey(p)) if Path(p).is_file() else math.nan for p in cells["passkey_path"]]
     return out if out["passkey_n"].notna().any() else out.drop(columns="passkey_n")
 
