@@ -79,7 +79,7 @@ def test_a_report_on_a_copy_of_a_moved_sweep_writes_inside_the_copy_with_every_f
 
 
 def test_a_moved_sweep_reads_its_cells_where_it_is_now_and_names_a_missing_one(tiny_sweep, tmp_path):
-    from analysis.lengthgen import position_losses, with_effective_lengths
+    from analysis.lengthgen import LOSS_REASON, position_losses, with_effective_lengths
     from analysis.load import missing_run_dirs, sweep_cells
     from sweeps.plan_file import load_plan
     from sweeps.results import write_results
@@ -92,7 +92,7 @@ def test_a_moved_sweep_reads_its_cells_where_it_is_now_and_names_a_missing_one(t
     cells = sweep_cells(after)
     assert all(Path(d).parent == (after / "cells").resolve() for d in cells["run_dir"])
     assert len(set(position_losses(cells)["cell"])) == len(cells)
-    assert with_effective_lengths(cells)["efflen_loss"].notna().all()
+    assert with_effective_lengths(cells)[LOSS_REASON].notna().all()  # every cell's loss file read (a reading each)
     gone = cells["run_dir"].iloc[0]
     shutil.rmtree(gone)
     assert missing_run_dirs(sweep_cells(after)) == [cells["cell_id"].iloc[0]]

@@ -207,23 +207,22 @@ def test_a_producer_killed_halfway_through_a_batch_gives_the_projects_message():
 
 def test_a_loss_not_finite_at_step_1_names_the_parameter_and_leaves_no_half_run(tiny_cfg):
     """Issue 34 §13: `model.pe.kind=comrope model.pe.init_std=1e30 optim.lr=1e-6` said "lower optim.lr" and left
-    config.yaml and run.json behind; it names the angles and the field that set them, and the run directory keeps
-    only what was there before, so a rerun with the fix into it is not refused."""
+    config.yaml and run.json behind; it names the angles and the field that set them, and the run directory is left
+    without the run's files (a directory of the user's own files is refused before any of this, test_edges_a), so a
+    rerun with the fix into it is not refused."""
     from trainer.files.run_files import claim_run_dir
     from trainer.run.loop import TrainingDiverged, train
 
     cfg = tiny_cfg("model.pe.kind=comrope", "model.pe.init_std=1e30", "optim.lr=1e-6", "train.steps=3",
                    "eval.passkey.enabled=false", "eval.extrapolation_batches=0")
     run_dir = Path(cfg.train.out_dir)
-    run_dir.mkdir(parents=True)
-    (run_dir / "notes.txt").write_text("mine")
     with pytest.raises(TrainingDiverged) as err:
         train(cfg)
     message = str(err.value)
     assert message.startswith("loss is nan at step 1 (computed from the initial parameters, before any update)")
     assert "pe.angles has values up to" in message and "model.pe.init_std=1e+30 (default 1.0)" in message
     assert "optim.lr is not the cause" in message and "lower optim.lr" not in message
-    assert sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(".")) == ["notes.txt"]
+    assert sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(".")) == []
     claim_run_dir(run_dir, "another-config", "fixed")  # a rerun of another config is not refused
 
 
