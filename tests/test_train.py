@@ -179,7 +179,9 @@ def test_cli_user_errors_exit_2(cache_dir):
 
 def test_the_training_loop_reads_the_loss_back_only_at_log_steps(tiny_cfg, monkeypatch):
     # On a GPU each read of a device value stalls the stream; the loop keeps losses on the device and reads
-    # them back in one transfer per log step (and checkpoint and end), never per micro-step.
+    # them back in one transfer per log step (and checkpoint and end), never per micro-step; plus one read of the
+    # first step's loss per process, before any update, so a loss already non-finite names the parameters it came
+    # from (trainer/run/divergence.py, issue 34 §13).
     import sys
 
     reads: list[str] = []
@@ -195,7 +197,7 @@ def test_the_training_loop_reads_the_loss_back_only_at_log_steps(tiny_cfg, monke
     r = train(tiny_cfg("train.steps=12", "train.grad_accum=2", "train.log_every=6", "train.eval_every=0",
                        "train.ckpt_every=0", *FAST))
     assert len(r.losses) == 12 and all(math.isfinite(x) for x in r.losses)
-    assert reads == ["tolist", "tolist"]  # steps 6 and 12: one read each for 24 micro-steps
+    assert reads == ["__float__", "tolist", "tolist"]  # step 1's check, then steps 6 and 12: 3 reads for 24 micro-steps
 
 
 def _hdrope(*args: str, cwd=None, env=None, timeout: int = 300) -> subprocess.CompletedProcess:
