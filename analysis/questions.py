@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from analysis.comparisons import COLUMNS, EXPLORATORY, corrected, fmt, pair_row
+from analysis.comparisons import COLUMNS, EXPLORATORY, arms, corrected, fmt, pair_row
 from analysis.outcomes import seed_values
 from analysis.power import SeedAdvice
 from analysis.stats import seeds_needed
@@ -184,15 +184,9 @@ def _spread(values: pd.DataFrame, q: Any) -> tuple[float, float, int]:
     """(sd of the per-seed differences variant − reference, pooled within-variant sd, pairs) over the pilot's θs."""
     diffs, within = [], []
     for theta in _thetas(values, (q.variant, q.reference)):
-        arms = []
-        for v in (q.variant, q.reference):
-            mine = values[values["variant"] == v]
-            if mine["theta"].notna().any() and np.isfinite(theta):
-                mine = mine[np.isclose(mine["theta"].astype(float), theta)]
-            arms.append(mine.set_index("seed")["value"])
-            if len(mine) >= 2:
-                within.append(float(mine["value"].var(ddof=1)))
-        diffs += list((arms[0] - arms[1]).dropna())
+        variant, reference = arms(values, q.variant, q.reference, theta)  # paired as the report pairs them
+        within += [float(arm.var(ddof=1)) for arm in (variant, reference) if len(arm) >= 2]
+        diffs += list((variant - reference).dropna())
     paired = float(np.std(diffs, ddof=1)) if len(diffs) >= 2 else math.nan
     return paired, (float(math.sqrt(np.mean(within))) if within else math.nan), len(diffs)
 
