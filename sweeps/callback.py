@@ -68,9 +68,9 @@ def _outage_tolerant(hook: Callable[..., None]) -> Callable[..., None]:
 class TrackingCallback(tune.Callback):
     """Maps each trial to its cell's one MLflow run and logs metrics, status and artifacts there."""
 
-    def __init__(self, uri: str, plan: Plan) -> None:
+    def __init__(self, uri: str, plan: Plan, tracker: SweepTracker | None = None) -> None:
         self.uri, self.plan = uri, plan
-        self._tracker: SweepTracker | None = None
+        self._tracker = tracker  # the driver's own, shared with the end of the sweep (runner._reconcile)
         self._resolved: dict[str, tuple[str, str, Path]] = {}
         self._watch: ServerWatch | None = None
 

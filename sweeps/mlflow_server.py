@@ -56,11 +56,13 @@ def start_server(backend_uri: str, host: str = "127.0.0.1", port: int = 5000, ti
     MLflow's job runner (GenAI jobs, which the lab does not use: 8 more processes) stays off unless
     MLFLOW_SERVER_ENABLE_JOB_EXECUTION is set."""
     from sweeps.procs import stop_session
+    from trainer.run.store_seed import seed_store
 
     port = port or free_port(host)
     if port_in_use(host, port):
         raise UserError(f"--port {port}: {host}:{port} is already in use (another server?); pick a free port "
                         "with --port")
+    seed_store(backend_uri)  # a new SQLite store: a copy of the migrated template, not every migration again
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri, "--host", host,
            "--port", str(port), "--workers", "1"]
     if artifacts_dir:

@@ -86,7 +86,7 @@ def _init_ray(address: str | None, spec: SweepSpec) -> bool:
     return True
 
 
-def _tuner(plan: Plan, uri: str, restore: bool):
+def _tuner(plan: Plan, uri: str, restore: bool, tracker: SweepTracker | None = None):
     from ray import tune
     from ray.tune.logger import JsonLoggerCallback
 
@@ -130,7 +130,7 @@ def _tuner(plan: Plan, uri: str, restore: bool):
             storage_path=str(root / "ray"),
             failure_config=tune.FailureConfig(max_failures=spec.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-            callbacks=[TrackingCallback(uri, plan), ProgressCallback(), JsonLoggerCallback()],
+            callbacks=[TrackingCallback(uri, plan, tracker), ProgressCallback(), JsonLoggerCallback()],
             verbose=0,  # ProgressCallback prints one line per trial event instead of Tune's tables
         ),
     )
@@ -185,14 +185,15 @@ def _dedup_cell_dir(plan: Plan, row: dict[str, Any]) -> Path:
     return cell_dir
 
 
-def _reconcile(plan: Plan, uri: str) -> tuple[int, list[str]]:
+def _reconcile(plan: Plan, uri: str, tracker: SweepTracker | None = None) -> tuple[int, list[str]]:
     """Final MLflow state: every finished cell's metrics as in its metrics.jsonl, failed cells FAILED with their
     error, dedup cells the history of the cell that trained for them (with their own config).
 
+    `tracker`: the driver's, which knows what it already logged (then nothing is logged twice or read back).
     Returns (cells finished, failed cell ids)."""
     from sweeps.callback import TrackingCallback, cell_end_ms
 
-    cb = TrackingCallback(uri, plan)
+    cb = TrackingCallback(uri, plan, tracker)
     tracker = cb.tracker
     failed, finished = [], 0
     for row in cell_rows(plan):
@@ -221,14 +222,14 @@ def _reconcile(plan: Plan, uri: str) -> tuple[int, list[str]]:
     return finished, failed
 
 
-def _reconcile_when_up(plan: Plan, uri: str) -> tuple[int, list[str]]:
+def _reconcile_when_up(plan: Plan, uri: str, tracker: SweepTracker | None = None) -> tuple[int, list[str]]:
     """`_reconcile`, waiting up to RECONCILE_WAIT_S in all for a tracking server that does not answer."""
     from mlflow.exceptions import MlflowException
 
     watch, deadline = ServerWatch(uri), time.monotonic() + RECONCILE_WAIT_S
     while True:
         try:
-            return _reconcile(plan, uri)
+            return _reconcile(plan, uri, tracker)
         except MlflowException as err:
             if not is_outage(err):
                 raise
@@ -263,7 +264,7 @@ def _execute(plan: Plan, address: str | None, uri: str, restore: bool) -> int:
     with signal_exit_codes():  # a stop signal ends the driver with 128 + signal wherever it lands
         started = _init_ray(address, spec)
         try:
-            return _fit_and_reconcile(plan, uri, restore)
+            return _fit_and_reconcile(plan, uri, restore, tracker)
         finally:
             if started:  # what the lab starts, it stops
                 import ray
@@ -271,8 +272,8 @@ def _execute(plan: Plan, address: str | None, uri: str, restore: bool) -> int:
                 ray.shutdown()
 
 
-def _fit_and_reconcile(plan: Plan, uri: str, restore: bool) -> int:
-    tuner = _tuner(plan, uri, restore)
+def _fit_and_reconcile(plan: Plan, uri: str, restore: bool, tracker: SweepTracker | None = None) -> int:
+    tuner = _tuner(plan, uri, restore, tracker)
     # Every path is absolute; work from the sweep dir so a job's shipped working dir may be cleaned up under us.
     try:
         old_cwd: str | None = os.getcwd()
@@ -286,9 +287,9 @@ def _fit_and_reconcile(plan: Plan, uri: str, restore: bool) -> int:
         if old_cwd and os.path.isdir(old_cwd):
             os.chdir(old_cwd)
     path = write_results(plan)  # first: a tracking server that is down does not hold the results back
-    finished, failed = _reconcile_when_up(plan, uri)
+    finished, failed = _reconcile_when_up(plan, uri, tracker)
     if uri.startswith(("http://", "https://")):
-        where = runs_page(uri, SweepTracker(uri, plan.spec.name).experiment_id)
+        where = runs_page(uri, (tracker or SweepTracker(uri, plan.spec.name)).experiment_id)
     else:
         where = f"hdrope ui {plan.root}"
     took = time.monotonic() - started

@@ -146,11 +146,13 @@ def stored_sweep():
 
 @pytest.fixture(scope="session")
 def migrated_mlflow_db(tmp_path_factory) -> Path:
-    """An empty MLflow SQLite store with MLflow's schema migrations already run (about 5 CPU seconds each time
-    they run); copy it where a test's store would be created to skip them. Holds no experiment: the test's own
+    """An empty MLflow SQLite store with MLflow's schema migrations already run: the lab's own template
+    (`trainer.run.store_seed`), copied, for tests that place a store themselves. Holds no experiment: the test's own
     tracker creates its experiment, runs and artifact location in the copy."""
-    import mlflow
+    import shutil
+
+    from trainer.run.store_seed import store_template
 
     path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
-    mlflow.MlflowClient(f"sqlite:///{path}").search_experiments()  # creates the tables, runs every migration
+    shutil.copyfile(store_template(), path)
     return path

@@ -42,11 +42,34 @@ def test_a_batch_the_store_refused_is_logged_on_the_next_try(tracker):
 
 
 def test_a_cell_run_created_without_its_params_gets_them_when_found(tracker):
-    # the driver created the run, then lost the server before logging the params
+    from trainer.run.tracking import SweepTracker
+
+    # a driver created the run, then lost the server before logging the params; a restarted driver finds it
     tags = {"sweep": "outage", "role": "cell", "cell_id": "cut-off"}
     run_id = tracker.client.create_run(tracker.experiment_id, tags=tags).info.run_id
-    assert tracker.cell_run("cut-off", "h", {"model.d": 64, "train.seed": 42}, {}) == run_id
+    restarted = SweepTracker(tracker.uri, "outage")
+    assert restarted.cell_run("cut-off", "h", {"model.d": 64, "train.seed": 42}, {}) == run_id
     assert tracker.client.get_run(run_id).data.params == {"model.d": "64", "train.seed": "42"}
+
+
+def test_a_cell_run_whose_params_were_cut_off_is_reused_by_the_same_driver(tracker, monkeypatch):
+    from mlflow.exceptions import MlflowException
+
+    from trainer.run import tracking
+
+    real = tracking.log_params
+
+    def cut_off(*args, **kwargs):  # the server went away between creating the run and logging its params
+        monkeypatch.setattr(tracking, "log_params", real)
+        raise MlflowException("the server did not answer")
+
+    monkeypatch.setattr(tracking, "log_params", cut_off)
+    with pytest.raises(MlflowException):
+        tracker.cell_run("cut-off-here", "h", {"model.d": 64}, {})
+    run_id = tracker.cell_run("cut-off-here", "h", {"model.d": 64}, {})
+    runs = tracker.client.search_runs([tracker.experiment_id], "tags.cell_id = 'cut-off-here'")
+    assert [r.info.run_id for r in runs] == [run_id]  # one run, not a second one
+    assert tracker.client.get_run(run_id).data.params == {"model.d": "64"}
 
 
 def test_an_outage_is_a_server_that_does_not_answer_not_a_refused_request():

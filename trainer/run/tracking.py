@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from trainer.labels import value_label
 from trainer.model.position import encoding_identity, identity_keys
 from trainer.run.reporting import Reporter
 from trainer.run.store_home import rehome_store
+from trainer.run.store_seed import seed_store
 
 __all__ = [
     "CELLS_FILTER",
@@ -62,6 +64,7 @@ __all__ = [
     "runs_with",
     "server_answers",
     "share_runs_view",
+    "tracking_client",
     "update_runs_view",
 ]
 
@@ -88,6 +91,15 @@ def log_params(client, run_id: str, params: dict[str, Any]) -> None:
     items = [Param(k, str(v)[:6000]) for k, v in params.items()]
     for i in range(0, len(items), 100):
         client.log_batch(run_id, params=items[i : i + 100])
+
+
+def tracking_client(uri: str) -> Any:
+    """An MLflow client of `uri`; a new local store starts from the cached migrated template
+    (`trainer.run.store_seed`)."""
+    import mlflow
+
+    seed_store(uri)
+    return mlflow.MlflowClient(uri)
 
 
 def default_tracking_uri(directory: Path) -> str:
@@ -276,17 +288,27 @@ class SweepTracker:
     """Find-or-create parent and cell runs of one sweep and log into them."""
 
     def __init__(self, uri: str, sweep: str, artifact_root: Path | None = None) -> None:
-        import mlflow
-
         self.uri, self.sweep = uri, sweep
         if uri.startswith(("http://", "https://")):
             bound_http_retries()
         if artifact_root is not None:  # a copied or moved sweep's own store logs into the sweep where it is now
             rehome_store(uri, Path(artifact_root).parent)
-        self.client = mlflow.MlflowClient(uri)
+        self.client = tracking_client(uri)
         self.experiment_id = experiment(self.client, sweep, artifact_root)
         self._runs: dict[str, str] = {}
-        self._last_step: dict[tuple[str, str], int] = {}
+        self._found: dict[str, Any] | None = None  # the sweep's cell runs in the store when first asked, by cell id
+        # The runs this tracker created: the driver is the store's only writer, so what it logged there is known
+        # without asking the store (metric steps, artifacts, status); any other run's is read from the store once.
+        self._mine: dict[str, _Written] = {}
+        self._steps: dict[tuple[str, str], set[int]] = {}
+        self._commit: str | None = None
+
+    @property
+    def commit(self) -> str:
+        """The working tree's HEAD, read once per tracker (its runs are tagged with it)."""
+        if self._commit is None:
+            self._commit = git_commit()
+        return self._commit
 
     def describe(self, description: str, tags: dict[str, str]) -> None:
         """Mark the sweep's experiment as model training (so the MLflow UI opens on its runs), with the spec's
@@ -299,10 +321,29 @@ class SweepTracker:
     def _find(self, params: dict[str, Any], **tags: str) -> str | None:
         """The run with these tags; params it lacks (its creator was cut off before logging them) are logged."""
         found = runs_with(self.client, tags, [self.experiment_id])
-        if not found:
-            return None
-        run = found[0]
+        return self._complete(found[0], params) if found else None
+
+    def _complete(self, run: Any, params: dict[str, Any]) -> str:
+        """A found run's id, after logging the params it lacks."""
         log_params(self.client, run.info.run_id, {k: v for k, v in params.items() if k not in run.data.params})
+        return run.info.run_id
+
+    def _cell_runs(self) -> dict[str, Any]:
+        """The sweep's cell runs in the store, by cell id, read in one search the first time a cell is looked up."""
+        if self._found is None:
+            query = f"tags.sweep = '{self.sweep}' and tags.role = 'cell'"
+            runs = self.client.search_runs([self.experiment_id], filter_string=query, max_results=50000)
+            self._found = {r.data.tags["cell_id"]: r for r in runs if "cell_id" in r.data.tags}
+        return self._found
+
+    def _create(self, run_name: str, tags: dict[str, str], params: dict[str, Any]) -> str:
+        """A new run, with its tags and params; remembered as this tracker's own, and as found (so a call cut off
+        before its params reuses the run and logs them)."""
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
+        self._mine[run.info.run_id] = _Written(run.info.artifact_uri)
+        if "cell_id" in tags:
+            self._cell_runs()[tags["cell_id"]] = run
+        log_params(self.client, run.info.run_id, params)
         return run.info.run_id
 
     def parent_run(self, params: dict[str, Any] | None = None) -> str:
@@ -310,9 +351,8 @@ class SweepTracker:
         if "__parent__" not in self._runs:
             run_id = self._find(params or {}, sweep=self.sweep, role="parent")
             if run_id is None:
-                tags = {"sweep": self.sweep, "role": "parent", "git_commit": git_commit()}
-                run_id = self.client.create_run(self.experiment_id, run_name=self.sweep, tags=tags).info.run_id
-                log_params(self.client, run_id, params or {})
+                tags = {"sweep": self.sweep, "role": "parent", "git_commit": self.commit}
+                run_id = self._create(self.sweep, tags, params or {})
             self._runs["__parent__"] = run_id
         return self._runs["__parent__"]
 
@@ -321,39 +361,48 @@ class SweepTracker:
         """The one run of a cell: found by its tags, or created (with all params) under the parent."""
         if cell_id in self._runs:
             return self._runs[cell_id]
-        run_id = self._find(params, sweep=self.sweep, cell_id=cell_id)
-        if run_id is None:
+        found = self._cell_runs().get(cell_id)
+        if found is not None:
+            run_id = self._complete(found, params)
+        else:
             all_tags = {"sweep": self.sweep, "role": "cell", "cell_id": cell_id, "config_hash": config_hash,
-                        "git_commit": git_commit(), "mlflow.parentRunId": self.parent_run(), **tags}
-            run = self.client.create_run(self.experiment_id, run_name=run_name or cell_id, tags=all_tags)
-            run_id = run.info.run_id
-            log_params(self.client, run_id, params)
+                        "git_commit": self.commit, "mlflow.parentRunId": self.parent_run(), **tags}
+            run_id = self._create(run_name or cell_id, all_tags, params)
         self._runs[cell_id] = run_id
         return run_id
 
     def set_status(self, run_id: str, status: str, error: str | None = None, end_ms: int | None = None) -> None:
-        """RUNNING, FINISHED or FAILED (with the error as a tag), ended at end_ms (ms since the epoch; now if None)."""
+        """RUNNING, FINISHED or FAILED (with the error as a tag), ended at end_ms (ms since the epoch; now if None).
+        A status this tracker already set on its own run, at the same end, is not written again."""
+        mine = self._mine.get(run_id)
+        if mine is not None and not error and mine.status == (status, end_ms if status != "RUNNING" else None):
+            return
         if error:
             self.client.set_tag(run_id, "error", error[:5000])
         if status == "RUNNING":
             self.client.update_run(run_id, status="RUNNING")
         else:
             self.client.set_terminated(run_id, status, end_time=end_ms)
+        if mine is not None:
+            mine.status = (status, end_ms if status != "RUNNING" else None) if end_ms is not None or \
+                status == "RUNNING" else None  # "ended now" is a new time at every call
 
     def log_metrics(self, run_id: str, step: int, metrics: dict[str, Any]) -> None:
         """Log every finite numeric metric of `step`, skipping any already logged at that step or later."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        batch = []
-        for k, v in _finite(metrics).items():
-            key = (run_id, k)
-            if key not in self._last_step:
-                hist = self.client.get_metric_history(run_id, k)
-                self._last_step[key] = max((m.step for m in hist), default=-1)
-            if step > self._last_step[key]:
-                batch.append(Metric(k, v, now, step))
+        batch = [Metric(k, v, now, step) for k, v in _finite(metrics).items()
+                 if step > max(self._logged_steps(run_id, k), default=-1)]
         self._log_batch(run_id, batch)
+
+    def _logged_steps(self, run_id: str, key: str) -> set[int]:
+        """The steps at which metric `key` of the run is in the store (read from it once, unless the run is ours)."""
+        if (run_id, key) not in self._steps:
+            known = run_id in self._mine
+            self._steps[(run_id, key)] = set() if known else {m.step for m in self.client.get_metric_history(run_id,
+                                                                                                             key)}
+        return self._steps[(run_id, key)]
 
     def log_history(self, run_id: str, records: list[dict[str, Any]]) -> None:
         """Log a run's metrics.jsonl records (each at its own step), every (metric, step) that MLflow lacks: also
@@ -361,26 +410,22 @@ class SweepTracker:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        logged: dict[str, set[int]] = {}
-        batch = []
+        batch, queued = [], set()
         for rec in records:
             step = int(rec["step"])
             for k, v in _finite({k: v for k, v in rec.items() if k != "step"}).items():
-                if k not in logged:
-                    logged[k] = {m.step for m in self.client.get_metric_history(run_id, k)}
-                if step not in logged[k]:
-                    logged[k].add(step)
+                if step not in self._logged_steps(run_id, k) and (k, step) not in queued:
+                    queued.add((k, step))
                     batch.append(Metric(k, v, now, step))
         self._log_batch(run_id, batch)
 
     def _log_batch(self, run_id: str, batch: list[Any]) -> None:
-        """Log metrics in MLflow's batches of 1000; a metric's last logged step counts once its batch is stored."""
+        """Log metrics in MLflow's batches of 1000; a metric's step counts as logged once its batch is stored."""
         for i in range(0, len(batch), 1000):
             chunk = batch[i : i + 1000]
             self.client.log_batch(run_id, metrics=chunk)
             for m in chunk:
-                key = (run_id, m.key)
-                self._last_step[key] = max(m.step, self._last_step.get(key, -1))
+                self._logged_steps(run_id, m.key).add(m.step)
 
     def log_artifacts(self, run_id: str, cell_dir: Path) -> None:
         """Config, eval tables, attention dumps and a reference to the final checkpoint (files already logged are
@@ -388,17 +433,40 @@ class SweepTracker:
         files = {"config.yaml": "config", "result.json": "result", "dedup.json": "result", "passkey.parquet": "eval",
                  "tasks.parquet": "eval", "metrics.jsonl": "result", "attention/attention.parquet": "attention",
                  "attention/logit_profile.parquet": "attention"}
+        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+        mine = self._mine.get(run_id)
         present: dict[str, set[str]] = {}
         for rel, kind in files.items():
             if not (cell_dir / rel).is_file():
                 continue
             if kind not in present:
-                present[kind] = {a.path for a in self.client.list_artifacts(run_id, kind)}
-            if f"{kind}/{Path(rel).name}" not in present[kind]:
+                present[kind] = mine.artifacts if mine is not None else \
+                    {a.path for a in self.client.list_artifacts(run_id, kind)}
+            name = f"{kind}/{Path(rel).name}"
+            if name in present[kind]:
+                continue
+            if mine is not None:  # its artifact location is known: no lookup of the run per file
+                get_artifact_repository(mine.artifact_uri).log_artifact(str(cell_dir / rel), kind)
+                mine.artifacts.add(name)
+            else:
                 self.client.log_artifact(run_id, str(cell_dir / rel), artifact_path=kind)
         ckpts = sorted((cell_dir / "checkpoints").glob("step_*"))
-        if ckpts:
+        if ckpts and (mine is None or mine.checkpoint != str(ckpts[-1])):
             self.client.set_tag(run_id, "final_checkpoint", str(ckpts[-1]))
+            if mine is not None:
+                mine.checkpoint = str(ckpts[-1])
+
+
+@dataclass
+class _Written:
+    """What a tracker wrote to a run it created: where its artifacts go, which it logged, its status (and end)
+    and final checkpoint tag."""
+
+    artifact_uri: str
+    artifacts: set[str] = field(default_factory=set)
+    status: tuple[str, int | None] | None = ("RUNNING", None)  # create_run starts a run RUNNING
+    checkpoint: str | None = None
 
 
 def _finite(metrics: dict[str, Any]) -> dict[str, float]:
@@ -412,11 +480,9 @@ class MLflowReporter(Reporter):
 
     def __init__(self, tracking_uri: str, experiment_name: str, run_name: str,
                  tags: dict[str, str] | None = None) -> None:
-        import mlflow
-
         quiet_mlflow_links()
         self.uri = tracking_uri
-        self.client = mlflow.MlflowClient(tracking_uri)
+        self.client = tracking_client(tracking_uri)
         self.experiment_id = experiment(self.client, experiment_name)
         self.run_id = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags or {}).info.run_id
 
@@ -450,10 +516,9 @@ def log_eval_metrics(tracking_uri: str, cfg: RunConfig, metrics: dict[str, float
     `experiment_name` when none exists; returns the run ids."""
     import time
 
-    import mlflow
     from mlflow.entities import Metric
 
-    client = mlflow.MlflowClient(tracking_uri)
+    client = tracking_client(tracking_uri)
     tags = identity_tags(cfg)
     runs = [r.info.run_id for r in runs_with(client, {"config_hash": tags["config_hash"]})]
     if not runs:
