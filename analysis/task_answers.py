@@ -27,6 +27,7 @@ from analysis.distance import stability
 from analysis.lengthgen import effective_length, learned_table, with_effective_lengths
 from trainer.config import TaskEvalConfig, task_metric
 from trainer.data.tasks.build import TaskBuilder, TaskExample
+from trainer.data.tasks.registry import TASKS
 from trainer.evals.tasks import TaskResult, evaluate_tasks, task_examples
 from trainer.evals.tasks_table import TASKS_FILE
 
@@ -36,11 +37,13 @@ FACTORS = (1.0, 1.5, 2.0, 4.0, 8.0)  # the shipped studies' eval.tasks.length_fa
 
 
 class AnswerModel(torch.nn.Module):
-    """A stand-in decoder: the examples' own answers where `knows(distance)`, else their tokens shuffled (seeded by
-    the prompt), one token per decoding step; the interface `greedy_generate_batch` uses."""
+    """A stand-in decoder: the examples' own answers where `knows(distance)`, else a format guess (seeded by the
+    prompt), one token per decoding step; the interface `greedy_generate_batch` uses. The guess is one of the task's
+    possible answers at random where `guesses` lists them (token ids per task: a one-symbol answer), else the
+    answer's own tokens shuffled."""
 
     def __init__(self, examples: Sequence[TaskExample], vocab_size: int, knows: Callable[[int], bool],
-                 seed: int = 0) -> None:
+                 seed: int = 0, guesses: dict[str, list[list[int]]] | None = None) -> None:
         super().__init__()
         self.args = SimpleNamespace(n_layers=1)
         self.anchor = torch.nn.Parameter(torch.zeros(1))  # where decoding puts its tensors
@@ -50,7 +53,9 @@ class AnswerModel(torch.nn.Module):
             reply = list(ex.answer)
             if not knows(ex.distance):
                 rng = np.random.default_rng([seed, zlib.crc32(np.asarray(ex.prompt, dtype=np.int64).tobytes())])
-                reply = [reply[i] for i in rng.permutation(len(reply))]
+                options = (guesses or {}).get(ex.task)
+                reply = list(options[rng.integers(len(options))]) if options else \
+                    [reply[i] for i in rng.permutation(len(reply))]
             self.replies[tuple(ex.prompt)] = reply
         self._pending: list[list[int]] = []
         self._step = 0
@@ -73,7 +78,8 @@ def score(builder: TaskBuilder, tasks: Sequence[str], train_length: int, samples
     """The lab's task evaluation of an `AnswerModel` on the examples of (tasks, factors, samples, seed)."""
     examples = [ex for task in tasks for f in factors
                 for ex in task_examples(builder, task, round(train_length * f), samples, seed)]
-    model = AnswerModel(examples, builder.tok.vocab_size, knows, seed)
+    guesses = {task: [builder.ids([a]) for a in TASKS[task].answers] for task in tasks if TASKS[task].answers}
+    model = AnswerModel(examples, builder.tok.vocab_size, knows, seed, guesses)
     cfg = TaskEvalConfig(length_factors=list(factors), samples=samples, batch_size=samples)
     return evaluate_tasks(model, builder, list(tasks), train_length, cfg, seed, contextlib.nullcontext)  # type: ignore[arg-type]
 

@@ -70,8 +70,11 @@ def _tune(plan) -> float:
     from trainer.run.tracking import default_tracking_uri
 
     t0 = time.perf_counter()
-    _execute(plan, None, default_tracking_uri(plan.root), restore=False)
-    return time.perf_counter() - t0
+    failed = _execute(plan, None, default_tracking_uri(plan.root), restore=False)
+    took = time.perf_counter() - t0
+    if failed:
+        raise RuntimeError(f"bench sweep {plan.spec.name}: a trial failed; its error is under {plan.root}")
+    return took
 
 
 def run_sweep_bench(steps: int = 30, concurrent: int = 1, small: int = 8, large: int = 32) -> dict:

@@ -114,8 +114,15 @@ def test_each_example_records_the_gap_from_its_earliest_needed_insert_to_the_que
     for ex in task_examples(builder, task, 96, 16, seed=3):
         inst = TASKS[task].draw(p, np.random.default_rng(0))
         end = len(ex.prompt) - len(inst.question) - ex.distance  # where the earliest needed insert ends
-        closing = {"copy": ">", "reverse": ">", "addition": ")", "mqar": "}"}.get(task, ".")
-        assert chr(ex.prompt[end - 1]) == closing
+        # the earliest needed insert: its closing marker, or for a state task its opening marker and payload
+        opening = {"flipflop": ("@", 2), "flipflop_dense": ("@", 2), "parity": ("*", 2), "cycle": (";", 2),
+                   "s3": ("[", 4), "s5": ("[", 6), "selective_copy": ("_", 2)}
+        if task in opening:
+            marker, width = opening[task]
+            assert chr(ex.prompt[end - width]) == marker
+        else:
+            closing = {"copy": ">", "reverse": ">", "addition": ")", "mqar": "}"}.get(task, ".")
+            assert chr(ex.prompt[end - 1]) == closing
         assert 0 <= ex.distance <= builder.max_distance(task, 96)
     trained = builder.max_distance(task, TRAIN_LENGTH + 1)
     assert trained > 0 and not math.isnan(builder.floor(task)) and 0 < builder.floor(task) < 1

@@ -325,7 +325,7 @@ def _task_errors(cfg: RunConfig) -> list[str]:
         errors.append(f"data.task_ratio={d.task_ratio!r} + data.passkey_ratio={d.passkey_ratio!r} > 1: the two "
                       "mixtures share the training windows; make them sum to at most 1")
     size_errors = len(errors)
-    _positive(errors, p, "data.task_params", ("keys", "value_digits", "span", "digits", "k", "q", "hops"))
+    _positive(errors, p, "data.task_params", ("keys", "value_digits", "span", "digits", "k", "q", "hops", "ops"))
     if len(errors) == size_errors:  # the sizes are positive numbers: check how they fit together
         errors += _task_size_errors(p)
     if d.tasks and te.enabled:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TaskBuilder", "TaskExample", "TaskMixture", "check_fit"]
 
-MARKERS = ("<", ">", "(", "+", ")", "=", "{", "}", "?", ":", "#", ".", "*")
+MARKERS = ("<", ">", "(", "+", ")", "=", "{", "}", "?", ":", "#", ".", "*", "@", "&", ";", "-", "[", "_")
 
 
 @dataclass

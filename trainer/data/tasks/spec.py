@@ -48,6 +48,7 @@ class TaskParams:
     q: int = 2  # mqar, niah_multiquery: keys asked
     hops: int = 2  # vartrack: assignments in the chain (and in its distractor chain)
     key_set: str = field(default="letters", metadata=NEW_SETTING)  # a name in KEY_SETS
+    ops: int = field(default=6, metadata=NEW_SETTING)  # the state-tracking tasks: instructions, bits, moves or elements
 
 
 @dataclass
@@ -70,13 +71,16 @@ class TaskSpec:
     An example's distance is the number of tokens from the end of the earliest insert its answer reads
     (`Instance.needed`, which the generator sets) to the start of the question: the span the answer must be carried
     across. `floor(params)` is the token accuracy of a guess that knows the answer's format but not the inserts'
-    places: the level a chance-corrected token accuracy maps to 0."""
+    places: the level a chance-corrected token accuracy maps to 0. `answers`, for a task whose answer is one symbol,
+    lists the symbols it can be: the format guess picks one of them at random (otherwise the guess is the answer's
+    own symbols in a random order)."""
 
     name: str
     doc: str
     uses: tuple[str, ...]
     draw: Callable[[TaskParams, np.random.Generator], Instance]
     floor: Callable[[TaskParams], float]
+    answers: tuple[str, ...] | None = None
 
 
 def pick_floor(choices: int) -> float:

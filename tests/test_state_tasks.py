@@ -1,0 +1,91 @@
+"""The state-tracking and counting tasks (issue 36): each answer is what its instructions say, independently
+recomputed; an oracle scores 1 and a format guess scores the task's chance floor through the lab's own task
+evaluation (greedy decoding, exact match and token accuracy)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from analysis.task_answers import score
+from trainer.config import task_metric
+from trainer.data.tasks.build import TaskBuilder
+from trainer.data.tasks.registry import TASKS
+from trainer.data.tasks.spec import TaskParams
+from trainer.data.tasks.state import CYCLE, SPECS
+from trainer.data.tokenizer import ByteTokenizer
+
+STATE = [s.name for s in SPECS]
+
+
+def draws(task: str, n: int = 400, **params):
+    p = TaskParams(**params)
+    return [TASKS[task].draw(p, np.random.default_rng([n, i])) for i in range(n)]
+
+
+@pytest.mark.parametrize(("task", "ignore"), [("flipflop", 0.8), ("flipflop_dense", 0.1)])
+def test_flipflop_reads_back_the_last_written_bit(task, ignore):
+    insts = draws(task, ops=10)
+    for inst in insts:
+        assert inst.inserts[0][0] == "@"  # the first instruction writes
+        last = max(i for i, ins in enumerate(inst.inserts) if ins[0] == "@")
+        assert inst.answer == [inst.inserts[last][1]] and inst.needed == [last] and inst.question == ["@", "="]
+        assert all(ins[0] in "@&" and ins[1] in "01" for ins in inst.inserts)
+    ignores = np.mean([ins[0] == "&" for inst in insts for ins in inst.inserts[1:]])
+    assert abs(ignores - ignore) < 0.04  # 3600 instructions: the ignore share is the variant's
+
+
+def test_parity_and_cycle_answers_are_the_sum_of_their_inserts():
+    for inst in draws("parity", ops=7):
+        assert inst.answer == [str(sum(int(b) for _, b in inst.inserts) % 2)] and len(inst.inserts) == 7
+    steps = {"+": 1, "-": -1, "0": 0}
+    for inst in draws("cycle", ops=9):
+        assert inst.answer == [str(sum(steps[m] for _, m in inst.inserts) % CYCLE)]
+
+
+@pytest.mark.parametrize(("task", "n"), [("s3", 3), ("s5", 5)])
+def test_a_word_problem_answer_is_the_product_of_its_permutation_matrices(task, n):
+    def matrix(perm):  # P e_x = e_{perm(x)}
+        m = np.zeros((n, n), dtype=int)
+        m[list(perm), range(n)] = 1
+        return m
+
+    seen = set()
+    for inst in draws(task, ops=5):
+        word = [tuple(int(d) for d in ins[1:]) for ins in inst.inserts]
+        product = np.eye(n, dtype=int)
+        for g in word:  # the first applied first: P_last … P_first
+            product = matrix(g) @ product
+        assert inst.answer == [str(int(np.argmax(product[:, x]))) for x in range(n)]
+        seen.update(word)
+    assert len(seen) == len(list(itertools.permutations(range(n))))  # every element of the group is drawn
+
+
+def test_selective_copy_asks_for_its_scattered_keys_in_order():
+    for inst in draws("selective_copy", span=5):
+        assert [ins[1] for ins in inst.inserts] == inst.answer and len(set(inst.answer)) == 5
+        assert all(ins[0] == "_" for ins in inst.inserts) and inst.question == ["_", "="]
+
+
+@pytest.fixture(scope="module")
+def builder(shakespeare):
+    tok = ByteTokenizer()
+    return TaskBuilder(tok, TaskParams(keys=7, key_set="symbols", span=4, ops=4),
+                       np.asarray(tok.encode("".join(shakespeare.val)), dtype=np.int64))
+
+
+@pytest.mark.parametrize("task", STATE)
+def test_an_oracle_scores_1_and_a_format_guess_scores_the_chance_floor(builder, task):
+    """256 prompts at 1x through `evaluate_tasks`: the oracle's exact match is 1; the guesser's token accuracy is
+    the task's floor within 4 binomial standard errors (a one-symbol answer: one of the task's answers at random;
+    else the answer's symbols shuffled), and its chance-corrected token accuracy is about 0."""
+    samples, train = 256, 48
+    oracle = score(builder, [task], train, samples, seed=1, knows=lambda d: True, factors=(1.0,))
+    guess = score(builder, [task], train, samples, seed=1, knows=lambda d: False, factors=(1.0,))
+    assert oracle.metrics[task_metric("acc", task, 1.0)] == 1.0
+    floor = builder.floor(task)
+    tokacc = guess.metrics[task_metric("tokacc", task, 1.0)]
+    assert abs(tokacc - floor) < 4 * (floor * (1 - floor) / samples) ** 0.5
+    assert abs(guess.metrics[task_metric("tokskill", task, 1.0)]) < 0.2
