@@ -104,6 +104,7 @@ def run_sweep_bench(steps: int = 30, concurrent: int = 1, small: int = 8, large:
     return {"trials": 8, "steps_per_trial": steps, "max_concurrent": concurrent, "ray_startup_s": startup,
             "empty_trials": [small, large], "empty_s": [empty_s[small], empty_s[large]],
             "overhead_per_trial_s": per_trial, "fixed_per_sweep_s": empty_s[small] - small * per_trial,
+            "mean_per_trial_s": empty_s[large] / large,
             "sequential_s": sequential, "tune_s": tuned, "tune_over_sequential": tuned / sequential,
             "target_s": OVERHEAD_TARGET_S}
 
@@ -132,6 +133,7 @@ def main(argv: list[str]) -> int:
           f"  overhead per trial (the slope)         : {r['overhead_per_trial_s']:7.3f} s  "
           f"({verdict} the target of {r['target_s']} s)\n"
           f"  fixed cost of a sweep                  : {r['fixed_per_sweep_s']:7.2f} s\n"
+          f"  {large} trials' mean, the fixed cost shared : {r['mean_per_trial_s']:7.3f} s\n"
           f"{r['trials']} training trials x {r['steps_per_trial']} steps\n"
           f"  back to back in one process            : {r['sequential_s']:7.2f} s\n"
           f"  under Ray Tune (+ MLflow)              : {r['tune_s']:7.2f} s  "

@@ -87,7 +87,7 @@ def test_two_worker_cells_run_as_ray_train_inside_tune_with_one_mlflow_run_each(
 def test_a_killed_fsdp_worker_resumes_its_cell_from_the_checkpoint(tmp_path, cache_dir):
     from test_sweeps_e2e import _trial_workers, _wait_for, cell_runs
 
-    spec = write_spec(tmp_path, "wkill", cache_dir, steps=300, ckpt=20, dims="[4]", strategy="fsdp")
+    spec = write_spec(tmp_path, "wkill", cache_dir, steps=150, ckpt=20, dims="[4]", strategy="fsdp")
     cell = "c000-rotation_dim4"
     cell_dir = tmp_path / "store" / "wkill" / "cells" / cell
     proc = hdrope_sweep(spec, tmp_path)

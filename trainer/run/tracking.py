@@ -6,8 +6,10 @@ cell, `hdrope train --tracking-uri`, and the evaluations that attach to a traine
 (`log_eval_metrics`: `hdrope passkey eval`, `hdrope eval lm-eval`).
 
 A sweep is written by one process (its driver), exactly one run per cell: a parent run tagged (sweep, role=parent)
-and one child per cell tagged (sweep, cell_id) and its identity. `cell_run` finds before it creates, so a restarted
-driver or a retried trial reuses the same run. Every numeric metric the trainer reports is logged
+and one child per cell tagged (sweep, cell_id) and its identity. `cell_run` finds before it creates (one search
+for all of a sweep's cell runs), so a restarted driver or a retried trial reuses the same run. Because the driver is
+the only writer, a `SweepTracker` knows what it wrote to the runs it created (metric steps, artifacts, status) and
+never reads it back; what it finds in the store it reads once. Every numeric metric the trainer reports is logged
 at the step it was computed; one already logged at a step is not logged again when a trial replays
 steps after restoring a checkpoint, or when the end of a sweep copies a cell's metrics.jsonl.
 
