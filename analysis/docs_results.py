@@ -6,7 +6,8 @@ A quoted table sits between two markers in README.md or docs/*.md:
     ...generated from experiments/results/<study>/ (`analysis.shipped`)...
     <!-- /results -->
 
-`hdrope report --docs` rewrites every block from the files (TABLES says which tables exist), and
+`hdrope report --docs` rewrites every block from the files (TABLES says which tables exist; `<table>-<metric>`
+keeps one metric's rows), and
 tests/test_shipped_results.py fails when a block differs from what the files give. Numbers from runs whose
 per-seed results are not in the repository sit in a passage marked
 
@@ -85,28 +86,40 @@ def _rows_table(study: Study, rows: pd.DataFrame, corrected: bool) -> str:
     return "\n".join(lines)
 
 
-def _declared(study: Study) -> str:
+def _comparisons(study: Study, metric: str | None) -> pd.DataFrame:
+    """The study's comparison rows (on `metric` only, when given)."""
+    rows = study.comparisons if study.comparisons is not None else pd.DataFrame()
+    return rows[rows["metric"] == metric] if metric and len(rows) else rows
+
+
+def _declared(study: Study, metric: str | None = None) -> str:
     """The marked comparisons: the declared questions (Holm over them), or every table's comparisons when the
     study declared none."""
-    rows = study.comparisons if study.comparisons is not None else pd.DataFrame()
+    rows = _comparisons(study, metric)
     return _rows_table(study, rows[rows["correction"] != EXPLORATORY] if len(rows) else rows, corrected=True)
 
 
-def _exploratory(study: Study) -> str:
+def _exploratory(study: Study, metric: str | None = None) -> str:
     """The unmarked comparisons outside the declared family."""
-    rows = study.comparisons if study.comparisons is not None else pd.DataFrame()
+    rows = _comparisons(study, metric)
     return _rows_table(study, rows[rows["correction"] == EXPLORATORY] if len(rows) else rows, corrected=False)
 
 
-# table name -> what it renders from a shipped study
-TABLES: dict[str, Callable[[Study], str]] = {"declared": _declared, "exploratory": _exploratory}
+# table name -> what it renders from a shipped study; `<table>-<metric>` keeps the rows on that metric
+TABLES: dict[str, Callable[[Study, str | None], str]] = {"declared": _declared, "exploratory": _exploratory}
 
 
 def render(study: str, table: str, results_dir: Path = RESULTS_DIR) -> str:
-    """The body of a `<!-- results:<study>:<table> -->` block, from the study's shipped files."""
-    if table not in TABLES:
-        raise UserError(f"results block {study}:{table}: no table {table!r}; choose one of {sorted(TABLES)}")
-    return TABLES[table](load_study(results_dir / study)) + "\n"
+    """The body of a `<!-- results:<study>:<table> -->` block (`<table>` or `<table>-<metric>`), from the study's
+    shipped files."""
+    name, _, metric = table.partition("-")
+    if name not in TABLES:
+        raise UserError(f"results block {study}:{table}: no table {name!r}; choose one of {sorted(TABLES)}, "
+                        "optionally followed by -<metric>")
+    shipped = load_study(results_dir / study)
+    if metric and (shipped.comparisons is None or metric not in set(shipped.comparisons["metric"])):
+        raise UserError(f"results block {study}:{table}: the study compares no metric {metric!r}")
+    return TABLES[name](shipped, metric or None) + "\n"
 
 
 def _blocks(text: str) -> list[re.Match]:
