@@ -449,7 +449,7 @@ class SweepTracker:
             if name in present[kind]:
                 continue
             if mine is not None:  # its artifact location is known: no lookup of the run per file
-                get_artifact_repository(mine.artifact_uri).log_artifact(str(cell_dir / rel), kind)
+                get_artifact_repository(mine.artifact_uri, self.uri).log_artifact(str(cell_dir / rel), kind)
                 mine.artifacts.add(name)
             else:
                 self.client.log_artifact(run_id, str(cell_dir / rel), artifact_path=kind)
