@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from hdrope.bench_args import positive_int
+from hdrope.errors import UserError
 
 __all__ = ["main", "run_sweep_bench"]
 
@@ -36,21 +37,20 @@ overrides:
   eval.extrapolation_batches: 0
 axes:
   seed: {seeds}
-  model.pe.rotation_dim: [4, 8]
+  model.pe.rotation_dim: {dims}
 resources: {{cpus: 1}}
 max_concurrent: {concurrent}
 """
 
 
-def _plan(folder: Path, name: str, cells: int, steps: int, concurrent: int):
-    """The plan of a tiny sweep of `cells` cells (an even number) under `folder`."""
+def _plan(folder: Path, name: str, seeds: int, steps: int, concurrent: int, dims: tuple[int, ...] = (4,)):
+    """The plan of a tiny sweep of `seeds` seeds × `dims` rotation dimensions under `folder`."""
     from sweeps.plan_file import save_plan
     from sweeps.runner import prepare
 
     spec_file = folder / f"{name}.yaml"
-    seeds = list(range(1, cells // 2 + 1))
-    spec_file.write_text(_SPEC.format(name=name, storage=folder / "store", steps=steps, seeds=seeds,
-                                      concurrent=concurrent))
+    spec_file.write_text(_SPEC.format(name=name, storage=folder / "store", steps=steps,
+                                      seeds=list(range(1, seeds + 1)), dims=list(dims), concurrent=concurrent))
     return save_plan(prepare(str(spec_file)))
 
 
@@ -83,21 +83,24 @@ def run_sweep_bench(steps: int = 30, concurrent: int = 1, small: int = 8, large:
 
     from sweeps.runner import _init_ray
 
-    small, large = 2 * max(1, small // 2), 2 * max(small // 2 + 1, large // 2)  # even sizes, large > small
+    if large <= small:
+        raise UserError(f"--large {large}: must be more than --small {small} (the overhead per trial is the slope "
+                        "between the two sizes); e.g. --small 8 --large 32")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        train_plan = _plan(folder, "train", 8, steps, concurrent)
+        train_plan = _plan(folder, "train", 4, steps, concurrent, dims=(4, 8))
         sequential = _train_back_to_back(train_plan)
-        empty = {n: _plan(folder, f"empty{n}", n, 2, concurrent) for n in (2, small, large)}
-        for plan in empty.values():
+        warmup = _plan(folder, "warmup", 2, 2, concurrent)
+        empty = {n: _plan(folder, f"empty{n}", n, 2, concurrent) for n in (small, large)}
+        for plan in (warmup, *empty.values()):
             _train_back_to_back(plan)  # trained to the end: under Tune each trial only re-reports its result
         t0 = time.perf_counter()
         _init_ray(None, train_plan.spec)
         startup = time.perf_counter() - t0
         try:
-            _tune(empty[2])  # warm-up: the first sweep in a process also pays Tune's and MLflow's imports
+            _tune(warmup)  # warm-up: the first sweep in a process also pays Tune's and MLflow's imports
             empty_s = {n: _tune(empty[n]) for n in (small, large)}
-            tuned = _tune(_plan(folder, "tuned", 8, steps, concurrent))
+            tuned = _tune(_plan(folder, "tuned", 4, steps, concurrent, dims=(4, 8)))
         finally:
             ray.shutdown()
     per_trial = (empty_s[large] - empty_s[small]) / (large - small)

@@ -17,3 +17,9 @@ def test_bench_sweep_times_empty_trials_at_two_sizes_and_training_trials(cache_d
     assert r["fixed_per_sweep_s"] == pytest.approx(r["empty_s"][0] - 2 * slope)
     assert r["mean_per_trial_s"] == pytest.approx(r["empty_s"][1] / 4) and r["target_s"] == 0.5
     assert r["tune_over_sequential"] == pytest.approx(r["tune_s"] / r["sequential_s"])
+
+
+def test_bench_sweep_refuses_a_large_size_not_above_the_small_one_before_any_work(capsys):
+    assert main(["bench", "sweep", "--small", "8", "--large", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "--large 8: must be more than --small 8" in err and "Traceback" not in err

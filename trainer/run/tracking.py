@@ -130,11 +130,15 @@ def identity_tags(cfg: RunConfig, chash: str | None = None) -> dict[str, str]:
     return {"config_hash": chash or config_hash(cfg), **identity, "seed": str(cfg.train.seed)}
 
 
+SEARCH_MAX_RESULTS = 50000  # the most runs MLflow returns from one search (its stores' and server's limit)
+
+
 def runs_with(client: Any, tags: dict[str, str], experiment_ids: list[str] | None = None) -> list[Any]:
-    """The runs carrying every tag in `tags` (in these experiments, or in any)."""
+    """The runs carrying every tag in `tags` (in these experiments, or in any), up to MLflow's limit for one search
+    (not its default page of 1000)."""
     ids = experiment_ids if experiment_ids is not None else [e.experiment_id for e in client.search_experiments()]
     query = " and ".join(f"tags.{k} = '{v}'" for k, v in tags.items())
-    return client.search_runs(ids, filter_string=query) if ids else []
+    return client.search_runs(ids, filter_string=query, max_results=SEARCH_MAX_RESULTS) if ids else []
 
 SHARED_VIEW_TAG = "mlflow.sharedViewState."  # MLflow UI: a stored runs-table view, opened by ?viewStateShareKey=
 RUNS_VIEW_KEY = "hdrope-runs"  # the sweep's runs-table view, stored as MLflow's shared view state of that key
@@ -333,8 +337,7 @@ class SweepTracker:
     def _cell_runs(self) -> dict[str, Any]:
         """The sweep's cell runs in the store, by cell id, read in one search the first time a cell is looked up."""
         if self._found is None:
-            query = f"tags.sweep = '{self.sweep}' and tags.role = 'cell'"
-            runs = self.client.search_runs([self.experiment_id], filter_string=query, max_results=50000)
+            runs = runs_with(self.client, {"sweep": self.sweep, "role": "cell"}, [self.experiment_id])
             self._found = {r.data.tags["cell_id"]: r for r in runs if "cell_id" in r.data.tags}
         return self._found
 
@@ -377,7 +380,9 @@ class SweepTracker:
         """RUNNING, FINISHED or FAILED (with the error as a tag), ended at end_ms (ms since the epoch; now if None).
         A status this tracker already set on its own run, at the same end, is not written again."""
         mine = self._mine.get(run_id)
-        if mine is not None and not error and mine.status == (status, end_ms if status != "RUNNING" else None):
+        # "ended now" (FINISHED or FAILED without end_ms) is a new time at every call, so it is never known
+        known = (status, end_ms) if status == "RUNNING" or end_ms is not None else None
+        if mine is not None and not error and known is not None and mine.status == known:
             return
         if error:
             self.client.set_tag(run_id, "error", error[:5000])
@@ -386,8 +391,7 @@ class SweepTracker:
         else:
             self.client.set_terminated(run_id, status, end_time=end_ms)
         if mine is not None:
-            mine.status = (status, end_ms if status != "RUNNING" else None) if end_ms is not None or \
-                status == "RUNNING" else None  # "ended now" is a new time at every call
+            mine.status = known
 
     def log_metrics(self, run_id: str, step: int, metrics: dict[str, Any]) -> None:
         """Log every finite numeric metric of `step`, skipping any already logged at that step or later."""
