@@ -158,7 +158,7 @@ def test_a_forward_builds_a_shared_bias_mask_once_with_the_same_outputs_and_grad
     grads = []
     for memo in (True, False):
         if not memo:  # the reference: every layer builds its own mask
-            model.pe.attend = lambda q, k, v, past, layer=0, masks=None: type(model.pe).attend(
+            model.pe.attend = lambda q, k, v, past, layer=0, masks=None, state=None: type(model.pe).attend(
                 model.pe, q, k, v, past, layer, None)
         calls.clear()
         model.zero_grad()

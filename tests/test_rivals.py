@@ -346,7 +346,7 @@ def test_pope_attention_scales_its_2d_wide_logits_by_one_over_sqrt_head_dim():
     h = model.layers[0].attention_norm(model.tok_embeddings(torch.randint(0, 32, (2, 9))))
     with torch.no_grad():
         out = attn(h, model.pe, model.pe.tables(torch.arange(9), h.dtype, 9), _Context(capture=capture))
-        q, k = capture[0]
+        q, k, _ = capture[0]
         assert q.shape[-1] == 2 * attn.head_dim
         v = attn.wv(h).view(2, 9, 2, attn.head_dim).transpose(1, 2).repeat_interleave(2, dim=1)
         logits = q @ k.repeat_interleave(2, dim=1).transpose(-1, -2) / math.sqrt(attn.head_dim)

@@ -12,7 +12,7 @@ Schema (`attention.parquet`, one row per (sample, layer, head), one row group pe
 | rotation_dim | int32 | N (2 for rope, 0 for nope) |
 | basis_seed | int64 | seed of a random basis (null otherwise) |
 | theta | float64 | RoPE base (null for nope) |
-| attn | fixed_shape_tensor<float16>[L, L] | softmax probabilities (row = query) |
+| attn | fixed_shape_tensor<float16>[L, L] | attention weights, each row (query) sums to 1 (softmax, stick-breaking) |
 | entropy | float32 | mean row entropy (nats) |
 | erank | float32 | Roy–Vetterli effective rank (σ variant, float64 SVD) |
 
@@ -35,7 +35,7 @@ import torch
 from hdrope.diagnostics import effective_rank, row_entropy
 from hdrope.errors import UserError
 from trainer.config import DumpConfig
-from trainer.model.llama import Llama
+from trainer.model.llama import Captured, Llama
 from trainer.model.position import IDENTITY_COLUMNS
 
 __all__ = ["DUMP_SCHEMA_VERSION", "DumpIds", "dump_attention", "dump_bytes", "dump_selection", "identity_arrays",
@@ -125,7 +125,7 @@ def dump_attention(model: Llama, tokens: torch.Tensor, cfg: DumpConfig, ids: Dum
     tokens = tokens[: cfg.samples, :length]
     was_training = model.training
     model.eval()
-    capture: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    capture: dict[int, Captured] = {}
     try:
         model(tokens.to(next(model.parameters()).device), capture=capture)
     finally:
@@ -137,13 +137,15 @@ def dump_attention(model: Llama, tokens: torch.Tensor, cfg: DumpConfig, ids: Dum
     writer, profiles = None, []
     try:
         for layer in layers:
-            q, k = capture[layer]
-            # what the model's softmax sees, score bias (and CoPE's positions) included; one sample at a time, so
-            # only the selected heads of every sample are held at once
-            logits = torch.cat([model.pe.logits(q[i:i + 1].float(), k[i:i + 1].float(), 0, layer)[:, heads].cpu()
-                                for i in range(q.shape[0])])
+            q, k, state = capture[layer]
+            # what the model's attention sees and does, score bias, CoPE's positions, FoX's gates and stick-breaking
+            # included; one sample at a time, so only the selected heads of every sample are held at once
+            rows = [(q[i:i + 1].float(), k[i:i + 1].float(), None if state is None else state[i:i + 1])
+                    for i in range(q.shape[0])]
+            logits = torch.cat([model.pe.logits(*row[:2], 0, layer, row[2])[:, heads].cpu() for row in rows])
             profiles.append(_distance_profile(logits))
-            probs = torch.softmax(logits, dim=-1)  # (samples, heads, L, L), causal mask applied
+            probs = torch.cat([model.pe.weights(*row[:2], 0, layer, row[2])[:, heads].cpu() for row in rows])
+            # (samples, heads, L, L), causal mask applied
             n = probs.shape[0] * probs.shape[1]
             maps = probs.reshape(n, length, length)
             cols = {

@@ -53,7 +53,8 @@ class ModelArgs:
         """The dimensions the position encoding is built for."""
         from trainer.model.position import EncodingShape
 
-        return EncodingShape(self.resolved_head_dim, self.n_heads, self.n_kv_heads, self.n_layers, self.max_seq_len)
+        return EncodingShape(self.resolved_head_dim, self.n_heads, self.n_kv_heads, self.n_layers, self.max_seq_len,
+                             self.dim)
 
 
 def validate_model_args(a: ModelArgs) -> None:

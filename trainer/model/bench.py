@@ -2,7 +2,8 @@
 
 Each kind is built with its default config for one attention shape and timed on the same q and k
 (tables for the positions, then the transform of one layer; score-bias kinds time their bias; a kind with its own
-attention, CoPE, times that attention, to be read against the fused causal SDPA row beside it),
+attention (CoPE, stick-breaking) or one that reads the hidden state (FoX: its gates from a random input of heads ×
+head_dim channels) times that attention, to be read against the fused causal SDPA row beside it),
 round-robin in one process with `hdrope.bench.median_round_robin`, against RoPE and an
 elementwise floor (q*2 and k*2). The default encoding (HD-RoPE N = 4 Paley) is listed eager and compiled.
 """
@@ -48,12 +49,17 @@ def _variants() -> dict[str, Any]:
 
 def _transform(enc: PositionModule, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
                backward: bool) -> Callable[[], None]:
+    # the attention input a data-dependent kind reads (FoX's gates), heads x head_dim wide
+    x = torch.randn(q.shape[0], q.shape[2], q.shape[1] * q.shape[3], device=q.device, dtype=q.dtype,
+                    generator=torch.Generator(q.device).manual_seed(1)).requires_grad_(backward)
+
     def fwd() -> None:
         tables = enc.tables(pos, q.dtype, q.shape[-2])
         qq, kk = enc.rotate(q, k, tables, 0)
+        state = enc.token_state(x, 0)
         out = [qq, kk]
-        if enc.own_attention:  # its cost is its whole attention (CoPE): read it against the SDPA row
-            out = [enc.attend(qq, kk, v, 0, 0)]
+        if enc.own_attention or state is not None:  # its cost is its whole attention (CoPE, stick-breaking, FoX's
+            out = [enc.attend(qq, kk, v, 0, 0, None, state)]  # gates and decay): read it against the SDPA row
         else:
             bias = enc.score_bias(pos, q.shape[-2], 0)  # a bias kind's cost is its bias
             out += [] if bias is None else [bias]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +19,16 @@ from torch import nn
 from trainer.model.args import ModelArgs, validate_model_args
 from trainer.model.position import PositionEncoding, build_position_encoding
 
-__all__ = ["KVCache", "Llama", "ModelArgs", "validate_model_args"]
+__all__ = ["Captured", "KVCache", "Llama", "ModelArgs", "validate_model_args"]
+
+
+class Captured(NamedTuple):
+    """One layer's transformed queries and keys in a forward pass, and the keys' token state (None for a kind of
+    positions alone): what the kind's `logits` and `weights` take."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    state: torch.Tensor | None = None
 
 
 @dataclass
@@ -27,7 +37,7 @@ class _Context:
     already built in this pass (layers that share a score bias build its mask once)."""
 
     cache: KVCache | None = None
-    capture: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+    capture: dict[int, Captured] | None = None
     masks: dict = field(default_factory=dict)
 
 
@@ -43,22 +53,28 @@ class RMSNorm(nn.Module):
 
 
 class KVCache:
-    """Rotated keys and values per layer for incremental decoding; `length` is the cached prefix."""
+    """Rotated keys and values per layer for incremental decoding, with the keys' token state where the encoding
+    reads one (FoX's log forget gates); `length` is the cached prefix."""
 
     def __init__(self, n_layers: int) -> None:
         self.kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * n_layers
+        self.state: list[torch.Tensor | None] = [None] * n_layers
 
     @property
     def length(self) -> int:
         first = self.kv[0]
         return 0 if first is None else first[0].shape[2]
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        past = self.kv[layer]
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The layer's keys, values and token state (batch, heads, seq) so far, these new ones appended."""
+        past, past_state = self.kv[layer], self.state[layer]
         if past is not None:
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
-        self.kv[layer] = (k, v)
-        return k, v
+        if past_state is not None and state is not None:
+            state = torch.cat([past_state, state], dim=-1)
+        self.kv[layer], self.state[layer] = (k, v), state
+        return k, v, state
 
 
 class Attention(nn.Module):
@@ -77,14 +93,15 @@ class Attention(nn.Module):
         k = self.wk(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = pe.rotate(q, k, tables, self.layer)
+        state = pe.token_state(x, self.layer)
         past = 0
         if ctx.cache is not None:
             prev = ctx.cache.kv[self.layer]
             past = 0 if prev is None else prev[0].shape[2]
-            k, v = ctx.cache.update(self.layer, k, v)
+            k, v, state = ctx.cache.update(self.layer, k, v, state)
         if ctx.capture is not None:
-            ctx.capture[self.layer] = (q, k)
-        y = pe.attend(q, k, v, past, self.layer, ctx.masks)
+            ctx.capture[self.layer] = Captured(q, k, state)
+        y = pe.attend(q, k, v, past, self.layer, ctx.masks, state)
         return self.wo(y.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -155,10 +172,10 @@ class Llama(nn.Module):
         tokens: torch.Tensor,
         positions: torch.Tensor | None = None,
         cache: KVCache | None = None,
-        capture: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
+        capture: dict[int, Captured] | None = None,
     ) -> torch.Tensor:
         """Logits for tokens (batch, seq). With a cache, tokens continue the cached prefix (positions
-        default to follow it). With capture, each layer stores its rotated (q, k) under its index."""
+        default to follow it). With capture, each layer stores its rotated q, k (and token state) under its index."""
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be (batch, seq) integer ids, got shape {tuple(tokens.shape)}")
         length = None

@@ -74,7 +74,8 @@ def register_kind(kind: EncodingKind) -> EncodingKind:
 # The lab's kinds: the modules under trainer/model/encodings/ that hold one KIND each. Adding a kind is its module
 # and its name here.
 KIND_MODULES = ("rope", "hdrope", "nope", "partial_rope", "p_rope", "xpos", "alibi", "fope", "rpe3d", "learned_basis",
-                "fire", "kerple", "t5_bias", "cope", "liere", "comrope", "string", "rope_mixed", "pope", "hope")
+                "fire", "kerple", "t5_bias", "cope", "liere", "comrope", "string", "rope_mixed", "pope", "hope", "fox",
+                "stickbreaking")
 
 for _name in KIND_MODULES:
     register_kind(importlib.import_module(f"trainer.model.encodings.{_name}").KIND)

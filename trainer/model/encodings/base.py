@@ -19,6 +19,12 @@ class EncodingShape:
     n_kv_heads: int
     n_layers: int
     max_seq_len: int
+    model_dim: int = 0  # the attention input's width (ModelArgs.dim); 0: n_heads * head_dim
+
+    @property
+    def input_dim(self) -> int:
+        """The width of the hidden state the attention reads (what a data-dependent kind projects from)."""
+        return self.model_dim or self.n_heads * self.head_dim
 
 
 class PositionModule(nn.Module):
@@ -26,10 +32,13 @@ class PositionModule(nn.Module):
 
     `attend` is the layer's causal attention: PyTorch's fused SDPA, with the kind's `score_bias` (if any) merged
     with the causal mask into one additive float mask. A kind whose logits depend on q and k beyond q·k (CoPE)
-    overrides `logits` and sets `own_attention`, and `attend` then runs the softmax over those logits itself.
-    `logits` is the one definition of what the softmax sees, which the attention dump reads for every kind."""
+    overrides `logits` and sets `own_attention`, and `attend` then applies its `weights` (the softmax of those
+    logits unless the kind says otherwise: stick-breaking) itself. A data-dependent kind (FoX) reads the attention
+    input through `token_state`; the KV cache keeps that state beside the keys, and `logits`, `weights` and
+    `attend` take it. `logits` and `weights` are the one definition of what the attention sees and does, which the
+    attention dump reads for every kind."""
 
-    own_attention = False  # True: attention is this module's explicit logits and softmax, not fused SDPA
+    own_attention = False  # True: attention is this module's explicit weights over its logits, not fused SDPA
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype, length: int | None = None) -> Any:
         """Whatever `rotate` needs for these positions ((seq,) or (batch, seq)), computed once per forward.
@@ -43,6 +52,12 @@ class PositionModule(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """q (batch, heads, seq, d) and k (batch, kv_heads, seq, d) after the encoding's transform at `layer`."""
         return q, k
+
+    def token_state(self, x: torch.Tensor, layer: int = 0) -> torch.Tensor | None:
+        """What the kind reads from the attention input x (batch, seq, dim) at `layer`: a (batch, heads, seq) float
+        per token that the KV cache keeps beside its key (FoX's log forget gates), or None (a kind of positions
+        alone)."""
+        return None
 
     def score_bias(self, q_positions: torch.Tensor, kv_len: int, layer: int = 0) -> torch.Tensor | None:
         """Additive float bias (heads, seq, kv_len) on the scaled attention logits of queries at q_positions (seq,)
@@ -59,10 +74,12 @@ class PositionModule(nn.Module):
         `hf_rotary`, so HF's W_q/W_k rows are Bᵀ·W (exact export); None: B = I (rope, hdrope)."""
         return None
 
-    def logits(self, q: torch.Tensor, k: torch.Tensor, past: int, layer: int = 0) -> torch.Tensor:
+    def logits(self, q: torch.Tensor, k: torch.Tensor, past: int, layer: int = 0,
+               state: torch.Tensor | None = None) -> torch.Tensor:
         """The attention logits (batch, heads, seq, past + seq) the softmax sees, -inf where the causal mask hides a
         key: q·k times `softmax_scale` plus the score bias. q (batch, heads, seq, d) sits at positions past..,
-        k (batch, kv_heads, past + seq, d) at 0.. (grouped-query keys are shared by their query heads)."""
+        k (batch, kv_heads, past + seq, d) at 0.. (grouped-query keys are shared by their query heads); state, the
+        keys' `token_state` (batch, heads, past + seq) where the kind has one."""
         s, kv = q.shape[-2], k.shape[-2]
         keys = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         out = q @ keys.transpose(-1, -2) * self.softmax_scale(q.shape[-1])
@@ -76,14 +93,21 @@ class PositionModule(nn.Module):
         all of them (a bias shared by every layer, or a parameter-free one, answers 0)."""
         return layer
 
+    def weights(self, q: torch.Tensor, k: torch.Tensor, past: int, layer: int = 0,
+                state: torch.Tensor | None = None) -> torch.Tensor:
+        """The attention weights (batch, heads, seq, past + seq), float32, each row summing to 1: the softmax of
+        `logits` (arguments as there) unless the kind attends otherwise."""
+        return torch.softmax(self.logits(q, k, past, layer, state).float(), dim=-1)
+
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int, layer: int = 0,
-               masks: dict | None = None) -> torch.Tensor:
+               masks: dict | None = None, state: torch.Tensor | None = None) -> torch.Tensor:
         """Causal attention output (batch, heads, seq, d) of queries at positions past.. over keys and values at
         0..past+seq-1 (k, v with kv_heads heads): fused SDPA (the bias as a float mask) unless `own_attention`.
-        `masks`, one dict per forward pass, keeps the bias masks built in it for the layers after."""
+        `masks`, one dict per forward pass, keeps the bias masks built in it for the layers after; state is the
+        keys' `token_state` where the kind has one."""
         s, gqa, scale = q.shape[-2], k.shape[1] != q.shape[1], self.softmax_scale(q.shape[-1])
         if self.own_attention:
-            probs = torch.softmax(self.logits(q, k, past, layer).float(), dim=-1).to(v.dtype)
+            probs = self.weights(q, k, past, layer, state).to(v.dtype)
             return probs @ v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
         mask = self._bias_mask(s, past, layer, q.dtype, q.device, masks)
         if mask is not None:  # attention-bias encodings: causal mask and bias as one float mask

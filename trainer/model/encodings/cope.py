@@ -54,7 +54,7 @@ class CoPE(PositionModule):
     def extra_repr(self) -> str:
         return f"npos={self.npos}, shared={self.shared}"
 
-    def logits(self, q, k, past, layer=0):
+    def logits(self, q, k, past, layer=0, state=None):
         s, d = q.shape[-2], q.shape[-1]
         keys = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         qf = q.float()

@@ -1,0 +1,172 @@
+"""The data-dependent kinds of issue 36 (FoX, stick-breaking): agreement with their official code's PyTorch
+references, re-typed here from the repositories (FoX: `test_op`'s reference in
+`src/forgetting_transformer/ops/forgetting_attention.py`; stick-breaking: `sb_ref.stickbreaking` plus the
+leftover term of `tests/test_attn.py::ref_fwd`), their special cases, and the training loop's exact resume."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from trainer.model.encodings.alibi import alibi_slopes
+from trainer.model.encodings.base import EncodingShape
+from trainer.model.llama import KVCache, Llama, ModelArgs
+from trainer.model.position import build_position_encoding, pe_config_class
+
+SHAPE = EncodingShape(head_dim=8, n_heads=4, n_kv_heads=2, n_layers=2, max_seq_len=32, model_dim=24)
+
+
+def _build(kind: str, **fields):
+    return build_position_encoding(pe_config_class(kind)(kind=kind, **fields), SHAPE)
+
+
+def _qkv(dtype: torch.dtype, seq: int = 19, batch: int = 2, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    q = 0.5 * torch.randn(batch, SHAPE.n_heads, seq, SHAPE.head_dim, generator=gen, dtype=dtype)
+    k = 0.5 * torch.randn(batch, SHAPE.n_kv_heads, seq, SHAPE.head_dim, generator=gen, dtype=dtype)
+    v = 0.5 * torch.randn(batch, SHAPE.n_kv_heads, seq, SHAPE.head_dim, generator=gen, dtype=dtype)
+    return q, k, v
+
+
+def _heads(t: torch.Tensor) -> torch.Tensor:
+    return t.repeat_interleave(SHAPE.n_heads // SHAPE.n_kv_heads, dim=1)
+
+
+# --- stick-breaking -----------------------------------------------------------------------------------------------
+
+def official_stickbreaking(q, k, v):
+    """sb_ref.stickbreaking with the mask and cumulative weight of tests/test_attn.py (attend_current=False), then
+    o + rem · v as that test's ref_fwd and the model layers do."""
+    length = q.shape[-2]
+    mask = torch.ones(length, length).triu(0).bool()
+    cum_weight = torch.ones(length, length).tril(-1).to(q)
+    logits = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    log_z = F.logsigmoid(logits).masked_fill(mask, -1e5)
+    log_beta = F.logsigmoid(-logits).masked_fill(mask, 0)
+    att = (log_z + torch.einsum("bhij,jk->bhik", log_beta, cum_weight)).exp()
+    return att @ v + (1 - att.sum(dim=-1))[..., None] * v
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+def test_stick_breaking_agrees_with_the_official_reference(dtype, tol):
+    enc = _build("stickbreaking")
+    q, k, v = _qkv(dtype)
+    got = enc.attend(q, k, v, 0)
+    want = official_stickbreaking(q, _heads(k), _heads(v))
+    assert (got - want).abs().max().item() < tol
+
+
+def test_stick_breaking_weights_are_distributions_that_break_from_the_nearest_key():
+    enc = _build("stickbreaking")
+    q, k, _ = _qkv(torch.float64)
+    w = enc.weights(q, k, 0)
+    torch.testing.assert_close(w.sum(-1), torch.ones_like(w[..., 0]))
+    assert (w >= 0).all() and (w.triu(1) == 0).all()
+    assert (w[..., 0, 0] == 1).all()  # the first token has no earlier key: all its weight is its own value
+    # a key the query is sure of takes the whole stick, and the keys before it get nothing
+    logits = torch.full((1, 1, 4, 4), -30.0, dtype=torch.float64)
+    logits[..., 3, 2] = 40.0
+    from trainer.model.encodings.stickbreaking import stick_breaking_weights
+
+    row = stick_breaking_weights(logits, 0)[0, 0, 3]
+    torch.testing.assert_close(row, torch.tensor([0.0, 0.0, 1.0, 0.0], dtype=torch.float64), atol=1e-12, rtol=0)
+
+
+def test_stick_breaking_decodes_queries_after_a_cached_prefix_as_in_one_pass():
+    enc = _build("stickbreaking")
+    q, k, v = _qkv(torch.float64)
+    full = enc.attend(q, k, v, 0)
+    tail = enc.attend(q[..., 12:, :], k, v, 12)
+    torch.testing.assert_close(tail, full[..., 12:, :], atol=1e-12, rtol=0)
+
+
+# --- FoX ----------------------------------------------------------------------------------------------------------
+
+def official_forgetting_attention(q, k, v, log_fgate, sm_scale):
+    """The reference of forgetting_attention.py's test_op: q (M queries) at the end of k, v (N keys)."""
+    m, n = q.shape[-2], k.shape[-2]
+    mask = torch.tril(torch.ones((m, n)), diagonal=n - m)
+    p = torch.matmul(q, k.transpose(2, 3)) * sm_scale
+    log_lambda = torch.cumsum(log_fgate, dim=-1)
+    p = p + (log_lambda[..., -m:, None] - log_lambda[..., None, :])
+    p[:, :, mask == 0] = float("-inf")
+    return torch.matmul(torch.softmax(p, dim=-1), v)
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+@pytest.mark.parametrize("past", [0, 7])
+def test_fox_agrees_with_the_official_reference(dtype, tol, past):
+    enc = _build("fox", init_std=0.5).to(dtype)
+    with torch.no_grad():
+        enc.gate_bias.uniform_(-1.0, 3.0, generator=torch.Generator().manual_seed(3))
+    q, k, v = _qkv(dtype)
+    x = torch.randn(2, 19, SHAPE.input_dim, dtype=dtype, generator=torch.Generator().manual_seed(4))
+    state = enc.token_state(x, layer=1)
+    assert state.shape == (2, SHAPE.n_heads, 19) and (state < 0).all()
+    got = enc.attend(q[..., past:, :], k, v, past, 1, None, state)
+    want = official_forgetting_attention(q[..., past:, :], _heads(k), _heads(v), state, SHAPE.head_dim**-0.5)
+    assert (got - want).abs().max().item() < tol
+    # its logits, which the attention dump reads, are the ones this attention takes the softmax of
+    probs = torch.softmax(enc.logits(q[..., past:, :], k, past, 1, state), dim=-1)
+    torch.testing.assert_close(probs @ _heads(v), got, atol=10 * tol, rtol=0)
+
+
+def test_fox_with_a_fixed_gate_is_alibi_and_with_an_open_gate_is_nope():
+    """A gate that reads nothing (w = 0) and sits at σ(b_h) = 2^(-8h/H) is ALiBi's slope; a gate held open is NoPE."""
+    enc, alibi = _build("fox"), _build("alibi")
+    q, k, v = _qkv(torch.float64)
+    x = torch.randn(2, 19, SHAPE.input_dim, dtype=torch.float64)
+    slopes = alibi_slopes(SHAPE.n_heads)
+    with torch.no_grad():
+        enc.gate_weight.zero_()
+        enc.gate_bias[0] = torch.log(torch.expm1(slopes).reciprocal())  # logit of exp(-slope)
+        enc.gate_bias[1] = 40.0
+    enc = enc.double()
+    fox = enc.attend(q, k, v, 0, 0, None, enc.token_state(x, 0))
+    want = alibi.attend(q, k, v, 0, 0)
+    torch.testing.assert_close(fox, want, atol=1e-7, rtol=0)  # ALiBi keeps its slopes and bias in float32
+    open_gate = enc.attend(q, k, v, 0, 1, None, enc.token_state(x, 1))
+    nope = F.scaled_dot_product_attention(q, _heads(k), _heads(v), is_causal=True)
+    torch.testing.assert_close(open_gate, nope, atol=1e-12, rtol=0)
+
+
+def test_fox_gates_read_the_hidden_state_and_learn():
+    torch.manual_seed(0)
+    model = Llama(ModelArgs(vocab_size=32, dim=24, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=48,
+                            max_seq_len=32, pe=pe_config_class("fox")()))
+    assert model.pe.gate_weight.shape == (2, 4, 24) and (model.pe.gate_bias == 0).all()
+    assert abs(model.pe.gate_weight.std().item() - 0.02) < 0.005  # the official initializer_range
+    tokens = torch.randint(0, 32, (2, 12))
+    model(tokens).square().mean().backward()
+    assert model.pe.gate_weight.grad.abs().sum() > 0 and model.pe.gate_bias.grad.abs().sum() > 0
+    cache = KVCache(2)
+    with torch.no_grad():
+        model(tokens[:, :5], cache=cache)
+    assert cache.state[0].shape == (2, 4, 5)  # the cache keeps each key's log gate
+
+
+# --- the training loop ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["fox", "stickbreaking"])
+def test_each_trains_dumps_the_attention_it_used_and_resumes_exactly(tiny_cfg, kind):
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from tests.test_train import FAST, Interrupt, StopAt
+    from trainer.run.loop import train
+
+    overrides = [f"model.pe.kind={kind}", "train.steps=12", "train.ckpt_every=6", "dump.enabled=true", *FAST]
+    whole = train(tiny_cfg(*overrides, out="whole"))
+    assert whole.losses[-1] < whole.losses[0]
+    maps = pq.read_table(whole.artifacts["attention"]).column("attn").combine_chunks().to_numpy_ndarray()
+    np.testing.assert_allclose(maps.astype(np.float64).sum(-1), 1.0, atol=2e-2)  # rows are distributions (fp16)
+    assert np.all(np.triu(maps, 1) == 0)
+    if kind == "stickbreaking":  # its first token keeps the whole stick, on its own value
+        assert np.all(maps[:, 0, 0] == 1)
+    with pytest.raises(Interrupt):
+        train(tiny_cfg(*overrides, out="cut"), StopAt(6))
+    resumed = train(tiny_cfg(*overrides, out="cut"))
+    assert resumed.resumed_from == 6 and resumed.losses == whole.losses
