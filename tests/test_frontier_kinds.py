@@ -1,7 +1,9 @@
-"""The data-dependent kinds of issue 36 (FoX, stick-breaking): agreement with their official code's PyTorch
-references, re-typed here from the repositories (FoX: `test_op`'s reference in
+"""The frontier kinds of issue 36 (FoX, stick-breaking, GRAPE-M, GRAPE-A): agreement with their official code,
+re-typed here from the repositories (FoX: `test_op`'s reference in
 `src/forgetting_transformer/ops/forgetting_attention.py`; stick-breaking: `sb_ref.stickbreaking` plus the
-leftover term of `tests/test_attn.py::ref_fwd`), their special cases, and the training loop's exact resume."""
+leftover term of `tests/test_attn.py::ref_fwd`; GRAPE: `MSGRAPECommuting` and `apply_rotary_emb` of
+`model/llama-mha-grape-m-nonctx.py`, `QueryGatedAdditiveBias` of `model/llama-mha-grape-a-querygated.py`), their
+special cases, and the training loop's exact resume."""
 
 from __future__ import annotations
 
@@ -148,9 +150,91 @@ def test_fox_gates_read_the_hidden_state_and_learn():
     assert cache.state[0].shape == (2, 4, 5)  # the cache keeps each key's log gate
 
 
+# --- GRAPE ----------------------------------------------------------------------------------------------------------
+
+def official_grape_m(x, log_freq, log_freq_scale):
+    """MSGRAPECommuting.forward on one of q or k, shared spectrum: x (B, T, H, D) at positions 0..T-1."""
+    t = torch.arange(x.shape[1], dtype=x.dtype)
+    freq = torch.exp(log_freq / log_freq_scale).to(x.dtype)
+    angles = t[:, None, None] * freq[None, None, :]
+    cos, sin = angles.cos()[None], angles.sin()[None]
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos + x2 * sin, -x1 * sin + x2 * cos], dim=-1)
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_grape_m_agrees_with_the_official_rotation(dtype, tol):
+    enc = _build("grape_m")
+    with torch.no_grad():  # a learned spectrum, not the initial one
+        enc.log_freq.add_(torch.randn(enc.log_freq.shape, generator=torch.Generator().manual_seed(2)))
+    q, k, _ = _qkv(dtype)
+    pos = torch.arange(19)
+    rq, rk = enc.rotate(q, k, enc.tables(pos, dtype, 19), 1)
+    log_freq = enc.log_freq[1].detach().to(torch.float64 if dtype == torch.float64 else torch.float32)
+    want_q = official_grape_m(q.transpose(1, 2), log_freq, 16.0).transpose(1, 2)
+    want_k = official_grape_m(k.transpose(1, 2), log_freq, 16.0).transpose(1, 2)
+    assert max((rq - want_q).abs().max().item(), (rk - want_k).abs().max().item()) < tol
+
+
+def test_grape_m_at_its_initial_spectrum_is_rope_with_the_second_half_negated():
+    grape, rope = _build("grape_m"), build_position_encoding(pe_config_class("rope")(kind="rope"), SHAPE)
+    q, k, _ = _qkv(torch.float64)
+    flip = torch.cat([torch.ones(SHAPE.head_dim // 2), -torch.ones(SHAPE.head_dim // 2)]).double()
+    pos = torch.arange(19)
+    got = grape.logits(*grape.rotate(q, k, grape.tables(pos, torch.float64, 19)), 0)
+    want = rope.logits(*rope.rotate(q * flip, k * flip, rope.tables(pos, torch.float64, 19)), 0)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)  # GRAPE's spectrum is a float32 parameter
+    assert not _build("grape_m", learnable=False).log_freq.requires_grad
+
+
+def official_query_gated_bias(q, omega, v, slopes):
+    """QueryGatedAdditiveBias.forward: q (B, T, H, D) -> bias (B, H, T, T), the future clamped to distance 0."""
+    t = q.shape[1]
+    arange = torch.arange(t)
+    dist = (arange.view(t, 1) - arange.view(1, t)).clamp_min(0).to(q.dtype).view(1, 1, t, t)
+    w = F.softplus(omega).view(1, -1, 1, 1) * slopes.view(1, -1, 1, 1)
+    unit = F.normalize(v, p=2, dim=-1, eps=1e-6)
+    gate = F.softplus((q * unit.view(1, 1, *unit.shape)).sum(dim=-1) / math.sqrt(q.shape[-1])).transpose(1, 2)
+    return -dist * w * gate.view(q.shape[0], q.shape[2], t, 1)
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+def test_grape_a_agrees_with_the_official_query_gated_attention(dtype, tol):
+    enc = _build("grape_a")
+    with torch.no_grad():
+        enc.omega.uniform_(-1.0, 2.0, generator=torch.Generator().manual_seed(5))
+    enc = enc.to(dtype)
+    q, k, v = _qkv(dtype)
+    got = enc.attend(q, k, v, 0, 1)
+    bias = official_query_gated_bias(q.transpose(1, 2), enc.omega[1].detach(), enc.v[1].detach(),
+                                      enc.slopes.to(dtype))
+    mask = bias.masked_fill(~torch.ones(19, 19, dtype=torch.bool).tril(), float("-inf"))
+    want = F.scaled_dot_product_attention(q, _heads(k), _heads(v), attn_mask=mask)
+    assert (got - want).abs().max().item() < tol
+    tail = enc.attend(q[..., 12:, :], k, v, 12, 1)  # queries after a cached prefix
+    torch.testing.assert_close(tail, got[..., 12:, :], atol=10 * tol, rtol=0)
+
+
+def test_grape_a_with_its_gate_fixed_is_alibi_and_with_no_slope_is_nope():
+    """Queries orthogonal to v_h hold the gate at softplus(0) = ln 2; with softplus(ω̃_h) = 1/ln 2 the penalty is
+    ALiBi's. With ω → 0 there is no penalty: NoPE."""
+    enc, alibi = _build("grape_a").double(), _build("alibi")
+    q, k, v = _qkv(torch.float64)
+    q[..., 0] = 0.0
+    with torch.no_grad():
+        enc.v.zero_()
+        enc.v[..., 0] = 1.0
+        enc.omega[0] = math.log(math.expm1(1 / math.log(2)))
+        enc.omega[1] = -40.0
+    torch.testing.assert_close(enc.attend(q, k, v, 0, 0), alibi.attend(q, k, v, 0, 0), atol=1e-7, rtol=0)
+    nope = F.scaled_dot_product_attention(q, _heads(k), _heads(v), is_causal=True)
+    torch.testing.assert_close(enc.attend(q, k, v, 0, 1), nope, atol=1e-12, rtol=0)
+
+
 # --- the training loop ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["fox", "stickbreaking"])
+@pytest.mark.parametrize("kind", ["fox", "stickbreaking", "grape_m", "grape_a"])
 def test_each_trains_dumps_the_attention_it_used_and_resumes_exactly(tiny_cfg, kind):
     import numpy as np
     import pyarrow.parquet as pq

@@ -2,8 +2,8 @@
 
 Each kind is built with its default config for one attention shape and timed on the same q and k
 (tables for the positions, then the transform of one layer; score-bias kinds time their bias; a kind with its own
-attention (CoPE, stick-breaking) or one that reads the hidden state (FoX: its gates from a random input of heads ×
-head_dim channels) times that attention, to be read against the fused causal SDPA row beside it),
+attention (CoPE, stick-breaking) or a bias of the content (FoX, its gates read from a random input of heads ×
+head_dim channels; GRAPE-A) times that attention, to be read against the fused causal SDPA row beside it),
 round-robin in one process with `hdrope.bench.median_round_robin`, against RoPE and an
 elementwise floor (q*2 and k*2). The default encoding (HD-RoPE N = 4 Paley) is listed eager and compiled.
 """
@@ -53,13 +53,15 @@ def _transform(enc: PositionModule, q: torch.Tensor, k: torch.Tensor, v: torch.T
     x = torch.randn(q.shape[0], q.shape[2], q.shape[1] * q.shape[3], device=q.device, dtype=q.dtype,
                     generator=torch.Generator(q.device).manual_seed(1)).requires_grad_(backward)
 
+    attends_itself = enc.own_attention or type(enc).content_bias is not PositionModule.content_bias
+
     def fwd() -> None:
         tables = enc.tables(pos, q.dtype, q.shape[-2])
         qq, kk = enc.rotate(q, k, tables, 0)
         state = enc.token_state(x, 0)
         out = [qq, kk]
-        if enc.own_attention or state is not None:  # its cost is its whole attention (CoPE, stick-breaking, FoX's
-            out = [enc.attend(qq, kk, v, 0, 0, None, state)]  # gates and decay): read it against the SDPA row
+        if attends_itself:  # its cost is its whole attention (CoPE, stick-breaking, FoX's gates, GRAPE-A's gated
+            out = [enc.attend(qq, kk, v, 0, 0, None, state)]  # bias): read it against the SDPA row
         else:
             bias = enc.score_bias(pos, q.shape[-2], 0)  # a bias kind's cost is its bias
             out += [] if bias is None else [bias]

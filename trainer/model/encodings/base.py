@@ -64,6 +64,13 @@ class PositionModule(nn.Module):
         over keys 0..kv_len-1 at `layer`, or None (most kinds)."""
         return None
 
+    def content_bias(self, q: torch.Tensor, past: int, layer: int = 0,
+                     state: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Additive float bias (batch, heads, seq, past + seq) that depends on the content, of queries q (batch,
+        heads, seq, d) at positions past.. over keys 0.., from q itself (GRAPE-A) or the keys' token state (FoX);
+        None (most kinds). Its entries above the causal diagonal are ignored."""
+        return None
+
     def softmax_scale(self, width: int) -> float:
         """The factor on q'·k' before the softmax, for transformed q/k of `width` channels: 1/√width (SDPA's
         default) unless the kind widens q and k (PoPE: 1/√head_dim)."""
@@ -86,6 +93,9 @@ class PositionModule(nn.Module):
         bias = self.score_bias(torch.arange(past, kv, device=q.device), kv, layer)
         if bias is not None:
             out = out + bias.to(out.dtype)
+        extra = self.content_bias(q, past, layer, state)
+        if extra is not None:
+            out = out + extra.to(out.dtype)
         return out.masked_fill(~causal_mask(s, past, q.device), float("-inf"))
 
     def bias_key(self, layer: int) -> int:
@@ -110,6 +120,10 @@ class PositionModule(nn.Module):
             probs = self.weights(q, k, past, layer, state).to(v.dtype)
             return probs @ v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
         mask = self._bias_mask(s, past, layer, q.dtype, q.device, masks)
+        extra = self.content_bias(q, past, layer, state)
+        if extra is not None:  # a bias of the content (one per batch row) joins the causal mask and any score bias
+            causal = causal_mask(s, past, q.device)
+            mask = extra.to(q.dtype).masked_fill(~causal, float("-inf")) if mask is None else extra.to(q.dtype) + mask
         if mask is not None:  # attention-bias encodings: causal mask and bias as one float mask
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa, scale=scale)
         if past == 0:

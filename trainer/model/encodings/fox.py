@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.model.encodings.base import EncodingShape, PositionModule, causal_mask, compute_dtype
+from trainer.model.encodings.base import EncodingShape, PositionModule, compute_dtype
 from trainer.model.encodings.bias import generator, positive_problem
 from trainer.model.encodings.kind import EncodingKind, identity_row
 
@@ -35,10 +35,10 @@ def decay_bias(log_gates: torch.Tensor, queries: int) -> torch.Tensor:
 
 
 class FoX(PositionModule):
-    """logits_ij = q_i·k_j/√d + Σ_{j<t≤i} log σ(w_h·x_t + b_h): forgetting attention, through fused SDPA with the
-    (batch-dependent) decay as its float mask. The gates read the attention input (`token_state`), one per query
-    head: the official code has no grouped-query attention, and here a KV group's query heads each keep their own
-    gate. Nothing reads absolute positions, so shifting every position changes nothing."""
+    """logits_ij = q_i·k_j/√d + Σ_{j<t≤i} log σ(w_h·x_t + b_h): forgetting attention, the decay its `content_bias`
+    (fused SDPA takes it, one per batch row, as its float mask). The gates read the attention input (`token_state`),
+    one per query head: the official code has no grouped-query attention, and here a KV group's query heads each
+    keep their own gate. Nothing reads absolute positions, so shifting every position changes nothing."""
 
     def __init__(self, init_std: float, seed: int, shape: EncodingShape) -> None:
         super().__init__()
@@ -54,14 +54,8 @@ class FoX(PositionModule):
         logit = F.linear(x, self.gate_weight[layer], self.gate_bias[layer])  # (batch, seq, heads)
         return F.logsigmoid(logit.to(compute_dtype(logit.dtype))).transpose(1, 2)  # float32 before the log, as FoX's
 
-    def logits(self, q, k, past, layer=0, state=None):
-        return super().logits(q, k, past, layer) + decay_bias(state, q.shape[-2])
-
-    def attend(self, q, k, v, past, layer=0, masks=None, state=None):
-        s = q.shape[-2]
-        mask = decay_bias(state, s).to(q.dtype).masked_fill(~causal_mask(s, past, q.device), float("-inf"))
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1],
-                                              scale=self.softmax_scale(q.shape[-1]))
+    def content_bias(self, q, past, layer=0, state=None):
+        return decay_bias(state, q.shape[-2])
 
 
 NO_EXPORT = "its forget gates read each token's hidden state inside the attention, which HF Llama cannot express"
