@@ -198,7 +198,7 @@ def test_translation_invariance_is_what_each_kind_claims(kind):
     base = _scores(kind, 7, 2, q, k)
     shifted = [_scores(kind, 7 + t, 2 + t, q, k) for t in (1, 5, 13)]
     invariant = all(torch.allclose(base, s, atol=1e-9) for s in shifted)
-    assert invariant == POSITION_ENCODINGS[kind].translation_invariant
+    assert invariant == POSITION_ENCODINGS[kind].invariant(pe_config_class(kind)(kind=kind))
 
 
 def _tiny_args(kind: str, **fields) -> ModelArgs:

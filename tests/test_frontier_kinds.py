@@ -1,9 +1,10 @@
-"""The frontier kinds of issue 36 (FoX, stick-breaking, GRAPE-M, GRAPE-A): agreement with their official code,
+"""The frontier kinds of issue 36 (FoX, stick-breaking, GRAPE-M, GRAPE-A, DAPE): agreement with their official code,
 re-typed here from the repositories (FoX: `test_op`'s reference in
 `src/forgetting_transformer/ops/forgetting_attention.py`; stick-breaking: `sb_ref.stickbreaking` plus the
 leftover term of `tests/test_attn.py::ref_fwd`; GRAPE: `MSGRAPECommuting` and `apply_rotary_emb` of
-`model/llama-mha-grape-m-nonctx.py`, `QueryGatedAdditiveBias` of `model/llama-mha-grape-a-querygated.py`), their
-special cases, and the training loop's exact resume."""
+`model/llama-mha-grape-m-nonctx.py`, `QueryGatedAdditiveBias` of `model/llama-mha-grape-a-querygated.py`; DAPE:
+`AliBi_DAPE.forward` and `ParallelKerpleLog_DAPE.forward` of `DAPE.py`), their special cases, and the training
+loop's exact resume."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ import torch.nn.functional as F
 
 from trainer.model.encodings.alibi import alibi_slopes
 from trainer.model.encodings.base import EncodingShape
+from trainer.model.encodings.dape import base_config
 from trainer.model.llama import KVCache, Llama, ModelArgs
-from trainer.model.position import build_position_encoding, pe_config_class
+from trainer.model.position import POSITION_ENCODINGS, build_position_encoding, pe_config_class
 
 SHAPE = EncodingShape(head_dim=8, n_heads=4, n_kv_heads=2, n_layers=2, max_seq_len=32, model_dim=24)
 
@@ -232,9 +234,71 @@ def test_grape_a_with_its_gate_fixed_is_alibi_and_with_no_slope_is_nope():
     torch.testing.assert_close(enc.attend(q, k, v, 0, 1), nope, atol=1e-12, rtol=0)
 
 
+# --- DAPE -----------------------------------------------------------------------------------------------------------
+
+def official_dape(x, a, mlp):
+    """The official DAPE forward: x the scaled scores (B, H, T, T), a the base bias (H, T, T), mlp the
+    Linear(2H, w) → LeakyReLU → Linear(w, H) stack."""
+    both = torch.cat((x, torch.tile(a, (x.shape[0], 1, 1, 1))), dim=1).permute(0, 2, 3, 1)
+    return x + a + mlp(both).permute(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("base", ["alibi", "kerple", "fire"])
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+def test_dape_agrees_with_the_official_forward(base, dtype, tol):
+    enc = _build("dape", base=base).to(dtype)
+    q, k, v = _qkv(dtype)
+    enc.tables(torch.arange(19), dtype, 19)
+    got = enc.logits(q, k, 0, 1)
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.LeakyReLU(), torch.nn.Linear(32, 4)).to(dtype)
+    with torch.no_grad():
+        for layer, (w, b) in zip((mlp[0], mlp[2]), ((enc.w1, enc.b1), (enc.w2, enc.b2)), strict=True):
+            layer.weight.copy_(w[1])
+            layer.bias.copy_(b[1])
+        bias = enc.base.score_bias(torch.arange(19), 19, 1).to(dtype)
+        want = official_dape(q @ _heads(k).transpose(-1, -2) / math.sqrt(SHAPE.head_dim), bias, mlp)
+    visible = torch.ones(19, 19, dtype=torch.bool).tril()
+    assert (got - want)[..., visible].abs().max().item() < tol
+    assert torch.isinf(got[..., ~visible]).all()
+    assert len(dict(enc.named_parameters())) == 4 + len(dict(enc.base.named_parameters()))
+    tail = enc.attend(q[..., 12:, :], k, v, 12, 1)  # queries after a cached prefix
+    torch.testing.assert_close(tail, enc.attend(q, k, v, 0, 1)[..., 12:, :], atol=10 * tol, rtol=0)
+
+
+@pytest.mark.parametrize("base", ["alibi", "kerple"])
+def test_dape_with_a_silent_mlp_is_its_base_bias(base):
+    enc = _build("dape", base=base).double()
+    with torch.no_grad():
+        enc.w2.zero_()
+        enc.b2.zero_()
+    plain = build_position_encoding(base_config(pe_config_class("dape")(base=base)), SHAPE)
+    plain.load_state_dict(enc.base.state_dict())
+    q, k, v = _qkv(torch.float64)
+    torch.testing.assert_close(enc.attend(q, k, v, 0, 1), plain.double().attend(q, k, v, 0, 1), atol=1e-7, rtol=0)
+
+
+@pytest.mark.parametrize("base", ["kerple", "fire"])
+def test_dape_is_translation_invariant_exactly_when_its_base_is(base):
+    """One query-key pair three tokens apart, moved along the sequence: its logit stays only over a shift-free base."""
+    enc = _build("dape", base=base).double()
+    if base == "fire":  # shifts must cross FIRE's threshold to show
+        with torch.no_grad():
+            enc.base.init_threshold.fill_(4.0)
+    q, k, _ = _qkv(torch.float64, seq=1)
+    logits = []
+    for p in (5, 9, 17):
+        keys = torch.zeros(2, SHAPE.n_kv_heads, p + 1, SHAPE.head_dim, dtype=torch.float64)
+        keys[..., p - 3, :] = k[..., 0, :]
+        enc.tables(torch.arange(p + 1), torch.float64, p + 1)
+        logits.append(enc.logits(q, keys, p, 1)[..., 0, p - 3])
+    same = all(torch.allclose(logits[0], x, atol=1e-9) for x in logits[1:])
+    kind = POSITION_ENCODINGS["dape"]
+    assert same == kind.invariant(pe_config_class("dape")(base=base)) == (base == "kerple")
+
+
 # --- the training loop ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["fox", "stickbreaking", "grape_m", "grape_a"])
+@pytest.mark.parametrize("kind", ["fox", "stickbreaking", "grape_m", "grape_a", "dape"])
 def test_each_trains_dumps_the_attention_it_used_and_resumes_exactly(tiny_cfg, kind):
     import numpy as np
     import pyarrow.parquet as pq

@@ -64,7 +64,8 @@ class EncodingKind:
     identity: Callable[[Any], dict[str, Any]]  # the run's IDENTITY_COLUMNS row (see `identity_row`)
     identity_keys: tuple[str, ...]  # config fields (under model.pe.) the label is a function of
     is_rope: Callable[[Mapping[str, Any]], bool]  # an identity row of this kind is exactly RoPE (what dedup says)
-    translation_invariant: bool  # q'·k' (plus any score bias) depends only on m - n
+    # q'·k' (plus any score bias) depends only on m - n: for every config, or as a config says (`invariant`)
+    translation_invariant: bool | Callable[[Any], bool]
     dedup: Callable[[Any], Any] = _as_is  # the canonical config of the model's equivalence class
     problems: Callable[[Any, EncodingShape], list[str]] = no_problems  # every reason `build` would refuse, unbuilt
     tables: bool = True  # builds cos/sin tables of max_seq_len positions (checked against the table limit)
@@ -76,6 +77,11 @@ class EncodingKind:
     # its distinct rotation frequencies (radians per token) for a model of that shape; None: no frequency ladder
     frequencies: Callable[[Any, EncodingShape], np.ndarray] | None = None
     lengths: tuple[LengthField, ...] = ()  # its config fields that are lengths in tokens (the planner checks them)
+
+    def invariant(self, pe: Any) -> bool:
+        """Whether a config of this kind is translation-invariant: its logits depend only on m - n."""
+        claim = self.translation_invariant
+        return bool(claim(pe) if callable(claim) else claim)
 
     @property
     def exportable(self) -> bool:

@@ -1,0 +1,110 @@
+"""DAPE (Zheng et al., NeurIPS 2024): a data-adaptive position encoding. An MLP over the heads mixes each query-key
+pair's attention logits with a base position bias (ALiBi, KERPLE or FIRE), as the official code (`DAPE.py`,
+`AliBi_DAPE` and `ParallelKerpleLog_DAPE`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainer.model.encodings import alibi, fire, kerple
+from trainer.model.encodings.base import EncodingShape, PositionModule, causal_mask, compute_dtype
+from trainer.model.encodings.bias import generator, int_problem
+from trainer.model.encodings.kind import EncodingKind, identity_row
+
+# the base biases DAPE is defined over: the kinds whose score bias it reads, by `model.pe.base`
+BASES = {"alibi": alibi.KIND, "kerple": kerple.KIND, "fire": fire.KIND}
+LABELS = {"alibi": "ALiBi", "kerple": "KERPLE", "fire": "FIRE"}
+
+
+@dataclass
+class DAPEConfig:
+    """DAPE over a `base` bias at its kind's defaults (one per layer, as the official code builds it per layer), with
+    a 2·heads → mlp_width → heads LeakyReLU MLP per layer (the official width 32), initialised as torch's
+    nn.Linear from the generator of `seed` + 1 (the base takes `seed`)."""
+
+    kind: str = "dape"
+    base: str = "kerple"
+    mlp_width: int = 32
+    seed: int = 0
+
+
+def base_config(pe: DAPEConfig) -> Any:
+    """The base bias's own config: its kind's defaults, per layer where it can be shared, seeded by pe.seed."""
+    entry = BASES[pe.base]
+    cfg = entry.config(kind=entry.name)
+    fields = {f.name for f in dataclasses.fields(cfg)}
+    changes = {k: v for k, v in (("shared", False), ("seed", int(pe.seed))) if k in fields}
+    return dataclasses.replace(cfg, **changes)
+
+
+class DAPE(PositionModule):
+    """logits = x + b + MLP([x; b]) over the heads at each query-key pair, with x = q·k/√d and b the base kind's
+    score bias, then the causal mask and the softmax (its own attention: the MLP reads the logits). The MLP mixes
+    the heads pointwise, so a key the causal mask hides never changes a visible logit."""
+
+    own_attention = True
+
+    def __init__(self, pe: DAPEConfig, shape: EncodingShape) -> None:
+        super().__init__()
+        self.base = BASES[pe.base].build(base_config(pe), shape)
+        gen, heads, width, layers = generator(int(pe.seed) + 1), shape.n_heads, int(pe.mlp_width), shape.n_layers
+
+        def linear_init(*size: int, fan_in: int) -> nn.Parameter:  # nn.Linear's default: U(±1/√fan_in)
+            return nn.Parameter((torch.rand(layers, *size, generator=gen) * 2 - 1) / math.sqrt(fan_in))
+
+        self.w1, self.b1 = linear_init(width, 2 * heads, fan_in=2 * heads), linear_init(width, fan_in=2 * heads)
+        self.w2, self.b2 = linear_init(heads, width, fan_in=width), linear_init(heads, fan_in=width)
+
+    def extra_repr(self) -> str:
+        return f"mlp_width={self.w1.shape[1]}"
+
+    def tables(self, positions, dtype, length=None):
+        return self.base.tables(positions, dtype, length)  # KERPLE projects its parameters here
+
+    def mix(self, x: torch.Tensor, bias: torch.Tensor, layer: int) -> torch.Tensor:
+        """x + b + MLP([x; b]) over the head dimension: x (batch, heads, seq, kv_len), b broadcastable to it."""
+        b = bias.to(x.dtype).expand_as(x)
+        feats = torch.cat([x, b], dim=1).permute(0, 2, 3, 1)  # (batch, seq, kv_len, 2·heads)
+        hidden = F.leaky_relu(F.linear(feats, self.w1[layer].to(x.dtype), self.b1[layer].to(x.dtype)))
+        mixed = F.linear(hidden, self.w2[layer].to(x.dtype), self.b2[layer].to(x.dtype)).permute(0, 3, 1, 2)
+        return x + b + mixed
+
+    def logits(self, q, k, past, layer=0, state=None):
+        s, kv = q.shape[-2], k.shape[-2]
+        keys = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        dtype = compute_dtype(q.dtype)  # float32, float64 for float64 q
+        x = q.to(dtype) @ keys.to(dtype).transpose(-1, -2) * self.softmax_scale(q.shape[-1])
+        bias = self.base.score_bias(torch.arange(past, kv, device=q.device), kv, layer)
+        return self.mix(x, bias[None], layer).masked_fill(~causal_mask(s, past, q.device), float("-inf"))
+
+
+def _problems(pe: DAPEConfig, s: EncodingShape) -> list[str]:
+    if pe.base not in BASES:
+        return [f"model.pe.base={pe.base!r}: choose one of {sorted(BASES)}"]
+    found = [int_problem(pe.mlp_width, "mlp_width", 1, 32)]
+    return [p for p in found if p] + BASES[pe.base].problems(base_config(pe), s)
+
+
+def _params(pe: DAPEConfig, s: EncodingShape) -> int:
+    h, w = s.n_heads, int(pe.mlp_width)
+    return BASES[pe.base].params(base_config(pe), s) + s.n_layers * (2 * h * w + w + w * h + h)
+
+
+NO_EXPORT = "its MLP reads the attention logits of every head, which HF Llama's attention cannot express"
+
+KIND = EncodingKind(
+    "dape", DAPEConfig, DAPE,
+    lambda pe: identity_row("dape", f"DAPE-{LABELS.get(pe.base, pe.base)}", 0, "none", None, None),
+    identity_keys=("base",), is_rope=lambda row: False, no_export=NO_EXPORT,
+    translation_invariant=lambda pe: BASES[pe.base].invariant(base_config(pe)),
+    problems=_problems, tables=False, cost_keys=("base", "mlp_width"), params=_params,
+    # the MLP on each of a token's max_seq_len query-key pairs, every layer: 2·(2H·w + w·H) FLOPs forward, three
+    # times that with the backward (per token of a sequence, for a batch of one sequence)
+    flops=lambda c, s: 6.0 * 3 * s.n_heads * c.mlp_width * s.max_seq_len * s.n_layers)
