@@ -1,9 +1,10 @@
-"""The frontier kinds of issue 36 (FoX, stick-breaking, GRAPE-M, GRAPE-A, DAPE): agreement with their official code,
-re-typed here from the repositories (FoX: `test_op`'s reference in
+"""The frontier kinds of issue 36 (FoX, stick-breaking, GRAPE-M, GRAPE-A, DAPE, PaTH): agreement with their official
+code, re-typed here from the repositories (FoX: `test_op`'s reference in
 `src/forgetting_transformer/ops/forgetting_attention.py`; stick-breaking: `sb_ref.stickbreaking` plus the
 leftover term of `tests/test_attn.py::ref_fwd`; GRAPE: `MSGRAPECommuting` and `apply_rotary_emb` of
 `model/llama-mha-grape-m-nonctx.py`, `QueryGatedAdditiveBias` of `model/llama-mha-grape-a-querygated.py`; DAPE:
-`AliBi_DAPE.forward` and `ParallelKerpleLog_DAPE.forward` of `DAPE.py`), their special cases, and the training
+`AliBi_DAPE.forward` and `ParallelKerpleLog_DAPE.forward` of `DAPE.py`; PaTH: the decoding path and the w, β of
+`fla/layers/path_attn.py`), their special cases, and the training
 loop's exact resume."""
 
 from __future__ import annotations
@@ -296,9 +297,79 @@ def test_dape_is_translation_invariant_exactly_when_its_base_is(base):
     assert same == kind.invariant(pe_config_class("dape")(base=base)) == (base == "kerple")
 
 
+# --- PaTH -----------------------------------------------------------------------------------------------------------
+
+def official_path_inputs(enc, x, layer):
+    """w and β as the official PaTHAttention.forward makes them: the low-rank w_proj, the depthwise causal
+    ShortConvolution with SiLU, the per-head l2_norm, and β = 2σ(bt_proj(x)); torch's own Conv1d here."""
+    kv_dim, taps = enc.conv.shape[1], enc.conv.shape[2]
+    z = F.linear(F.linear(x, enc.w_down[layer]), enc.w_up[layer])  # (B, T, kv_dim)
+    conv = F.conv1d(z.transpose(1, 2), enc.conv[layer].view(kv_dim, 1, taps), padding=taps - 1, groups=kv_dim)
+    w = F.silu(conv[..., :x.shape[1]]).transpose(1, 2).view(*x.shape[:2], enc.kv_heads, enc.head_dim)
+    w = w / torch.sqrt((w * w).sum(-1, keepdim=True) + 1e-6)
+    beta = 2 * torch.sigmoid(F.linear(x, enc.beta_weight[layer], enc.beta_bias[layer]))
+    return w.transpose(1, 2), beta.transpose(1, 2)  # (B, H, T, D), (B, H, T)
+
+
+def official_path_decoding(q, k, v, w, beta, scale):
+    """The official decoding path, one token at a time: every cached key gets the new token's rank-one update
+    k - β (k·w) w (`rank_one_update`), the new key joins the cache unchanged, and the query attends by softmax."""
+    outs, keys, values = [], k[..., :0, :], v[..., :0, :]
+    for t in range(q.shape[-2]):
+        wt, bt = w[..., t:t + 1, :], beta[..., t:t + 1, None]
+        keys = keys - bt * (keys * wt).sum(-1, keepdim=True) * wt
+        keys, values = torch.cat([keys, k[..., t:t + 1, :]], -2), torch.cat([values, v[..., t:t + 1, :]], -2)
+        outs.append(torch.softmax(q[..., t:t + 1, :] @ keys.transpose(-1, -2) * scale, -1) @ values)
+    return torch.cat(outs, -2)
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+def test_path_agrees_with_the_official_decoding(dtype, tol):
+    enc = _build("path", init_std=0.3)
+    with torch.no_grad():
+        enc.beta_bias.uniform_(-2.0, 2.0, generator=torch.Generator().manual_seed(6))
+    enc = enc.to(dtype)
+    q, k, v = _qkv(dtype)
+    x = torch.randn(2, 19, SHAPE.input_dim, dtype=dtype, generator=torch.Generator().manual_seed(7))
+    state = enc.token_state(x, 1)
+    with torch.no_grad():
+        got = enc.attend(q, k, v, 0, 1, None, state)
+        w, beta = official_path_inputs(enc, x, 1)
+        want = official_path_decoding(q, _heads(k), _heads(v), _heads(w), _heads(beta), SHAPE.head_dim**-0.5)
+        assert (got - want).abs().max().item() < tol
+        # its own directions are the official ones
+        mine_w, mine_beta = enc.directions(state, 1)
+        assert (mine_w - w).abs().max().item() < tol and (mine_beta - beta).abs().max().item() < tol
+        tail = enc.attend(q[..., 12:, :], k, v, 12, 1, None, state)  # queries after a cached prefix
+        torch.testing.assert_close(tail, got[..., 12:, :], atol=10 * tol, rtol=0)
+
+
+def test_path_with_no_reflection_is_nope_and_with_full_reflections_flips_the_keys():
+    """β = 0 makes every H the identity: NoPE. β = 2 makes H a reflection, which keeps every key's norm (with w of
+    unit length: weights large enough that the norm's ε does not shorten it)."""
+    enc = _build("path", init_std=0.5).double()
+    q, k, v = _qkv(torch.float64)
+    x = torch.randn(2, 19, SHAPE.input_dim, dtype=torch.float64)
+    with torch.no_grad():
+        enc.beta_bias.fill_(-60.0)
+    nope = F.scaled_dot_product_attention(q, _heads(k), _heads(v), is_causal=True)
+    torch.testing.assert_close(enc.attend(q, k, v, 0, 0, None, enc.token_state(x, 0)), nope, atol=1e-12, rtol=0)
+    with torch.no_grad():
+        enc.beta_bias.fill_(60.0)
+    state = enc.token_state(x, 0)
+    w, beta = enc.directions(state, 0)
+    torch.testing.assert_close(beta, torch.full_like(beta, 2.0))
+    keys = k.clone()
+    for t in range(1, 19):  # the last query's view of every key: all reflections after it applied
+        keys[..., :t, :] -= 2 * (keys[..., :t, :] * w[..., t:t + 1, :]).sum(-1, keepdim=True) * w[..., t:t + 1, :]
+    torch.testing.assert_close(keys.norm(dim=-1), k.norm(dim=-1), rtol=1e-4, atol=0)  # ε leaves |w| just below 1
+    last = enc.logits(q, k, 0, 0, state)[..., -1, :]
+    torch.testing.assert_close(last, (q[..., -1:, :] @ _heads(keys).transpose(-1, -2))[..., 0, :] / math.sqrt(8))
+
+
 # --- the training loop ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["fox", "stickbreaking", "grape_m", "grape_a", "dape"])
+@pytest.mark.parametrize("kind", ["fox", "stickbreaking", "grape_m", "grape_a", "dape", "path"])
 def test_each_trains_dumps_the_attention_it_used_and_resumes_exactly(tiny_cfg, kind):
     import numpy as np
     import pyarrow.parquet as pq

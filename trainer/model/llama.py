@@ -67,12 +67,12 @@ class KVCache:
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The layer's keys, values and token state (batch, heads, seq) so far, these new ones appended."""
+        """The layer's keys, values and token state (batch, heads, seq, ...) so far, these new ones appended."""
         past, past_state = self.kv[layer], self.state[layer]
         if past is not None:
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
         if past_state is not None and state is not None:
-            state = torch.cat([past_state, state], dim=-1)
+            state = torch.cat([past_state, state], dim=2)
         self.kv[layer], self.state[layer] = (k, v), state
         return k, v, state
 

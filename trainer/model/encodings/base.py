@@ -54,9 +54,9 @@ class PositionModule(nn.Module):
         return q, k
 
     def token_state(self, x: torch.Tensor, layer: int = 0) -> torch.Tensor | None:
-        """What the kind reads from the attention input x (batch, seq, dim) at `layer`: a (batch, heads, seq) float
-        per token that the KV cache keeps beside its key (FoX's log forget gates), or None (a kind of positions
-        alone)."""
+        """What the kind reads from the attention input x (batch, seq, dim) at `layer`: floats (batch, heads, seq, ...)
+        per token that the KV cache keeps beside its key (FoX's log forget gates, PaTH's Householder directions), or
+        None (a kind of positions alone)."""
         return None
 
     def score_bias(self, q_positions: torch.Tensor, kv_len: int, layer: int = 0) -> torch.Tensor | None:
@@ -86,7 +86,7 @@ class PositionModule(nn.Module):
         """The attention logits (batch, heads, seq, past + seq) the softmax sees, -inf where the causal mask hides a
         key: q·k times `softmax_scale` plus the score bias. q (batch, heads, seq, d) sits at positions past..,
         k (batch, kv_heads, past + seq, d) at 0.. (grouped-query keys are shared by their query heads); state, the
-        keys' `token_state` (batch, heads, past + seq) where the kind has one."""
+        keys' `token_state` (batch, heads, past + seq, ...) where the kind has one."""
         s, kv = q.shape[-2], k.shape[-2]
         keys = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         out = q @ keys.transpose(-1, -2) * self.softmax_scale(q.shape[-1])
@@ -105,9 +105,10 @@ class PositionModule(nn.Module):
 
     def weights(self, q: torch.Tensor, k: torch.Tensor, past: int, layer: int = 0,
                 state: torch.Tensor | None = None) -> torch.Tensor:
-        """The attention weights (batch, heads, seq, past + seq), float32, each row summing to 1: the softmax of
-        `logits` (arguments as there) unless the kind attends otherwise."""
-        return torch.softmax(self.logits(q, k, past, layer, state).float(), dim=-1)
+        """The attention weights (batch, heads, seq, past + seq), float32 (float64 for float64 q), each row summing
+        to 1: the softmax of `logits` (arguments as there) unless the kind attends otherwise."""
+        logits = self.logits(q, k, past, layer, state)
+        return torch.softmax(logits.to(compute_dtype(q.dtype)), dim=-1)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int, layer: int = 0,
                masks: dict | None = None, state: torch.Tensor | None = None) -> torch.Tensor:
