@@ -323,14 +323,15 @@ def official_path_decoding(q, k, v, w, beta, scale):
     return torch.cat(outs, -2)
 
 
-@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 2e-6)])
-def test_path_agrees_with_the_official_decoding(dtype, tol):
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 5e-6)])
+@pytest.mark.parametrize("seq", [19, 75])  # one pass (below a chunk) and chunked (three chunks, the last short)
+def test_path_agrees_with_the_official_decoding(dtype, tol, seq):
     enc = _build("path", init_std=0.3)
     with torch.no_grad():
         enc.beta_bias.uniform_(-2.0, 2.0, generator=torch.Generator().manual_seed(6))
     enc = enc.to(dtype)
-    q, k, v = _qkv(dtype)
-    x = torch.randn(2, 19, SHAPE.input_dim, dtype=dtype, generator=torch.Generator().manual_seed(7))
+    q, k, v = _qkv(dtype, seq=seq)
+    x = torch.randn(2, seq, SHAPE.input_dim, dtype=dtype, generator=torch.Generator().manual_seed(7))
     state = enc.token_state(x, 1)
     with torch.no_grad():
         got = enc.attend(q, k, v, 0, 1, None, state)
@@ -342,6 +343,23 @@ def test_path_agrees_with_the_official_decoding(dtype, tol):
         assert (mine_w - w).abs().max().item() < tol and (mine_beta - beta).abs().max().item() < tol
         tail = enc.attend(q[..., 12:, :], k, v, 12, 1, None, state)  # queries after a cached prefix
         torch.testing.assert_close(tail, got[..., 12:, :], atol=10 * tol, rtol=0)
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 7, 16])
+def test_path_scores_by_chunks_equal_one_pass_with_their_gradients(chunk):
+    from trainer.model.encodings.path import chunked_path_scores, path_scores
+
+    gen = torch.Generator().manual_seed(8)
+    q, keys, w = (torch.randn(2, 3, 23, 5, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    beta = (2 * torch.rand(2, 3, 23, generator=gen, dtype=torch.float64)).requires_grad_()
+    unit = F.normalize(w, dim=-1)
+    lower = torch.ones(23, 23, dtype=torch.bool).tril()
+    one = path_scores(q, keys, unit, beta, 0)[..., lower]
+    both = chunked_path_scores(q, keys, unit, beta, chunk)[..., lower]
+    torch.testing.assert_close(both, one, atol=1e-12, rtol=0)
+    grads = [torch.autograd.grad(x.square().sum(), (q, keys, w, beta), retain_graph=True) for x in (one, both)]
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
 
 
 def test_path_with_no_reflection_is_nope_and_with_full_reflections_flips_the_keys():
