@@ -75,6 +75,7 @@ def _init_ray(address: str | None, spec: SweepSpec) -> bool:
         return False
     if os.environ.get("HDROPE_RAY_TMPDIR"):
         kwargs["_temp_dir"] = os.environ["HDROPE_RAY_TMPDIR"]
+    kwargs["include_dashboard"] = False  # half of an embedded start (docs/sweeps.md); a cluster keeps its own
     start_watchdog()
     try:
         with loopback_ray() as loopback, signals_held():

@@ -6,7 +6,21 @@ from pathlib import Path
 import pytest
 import torch
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# one torch thread per pytest-xdist worker (the README runs two on two cores), two without xdist
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, torch.get_num_threads()))
+
+# The files that take longest, first: `-n 2 --dist loadfile` hands whole files to the two workers in this order, so
+# the long ones start at once and the short ones fill in around them (the order changes no result).
+LONG_FIRST = ("test_sweeps_e2e.py", "test_workers_e2e.py", "test_team_server_e2e.py", "test_mlflow_ui.py",
+              "test_distributed.py", "test_lm_eval.py", "test_shipped_results.py", "test_analysis.py",
+              "test_mlflow_browser.py", "test_docs_examples.py", "test_bench_sweep.py", "test_train.py",
+              "test_data_prepare.py", "test_trust.py", "test_trust_e2e.py")
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    """Run the long files first (a stable sort: each file keeps its own order)."""
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 @pytest.fixture(scope="session")
@@ -120,6 +134,34 @@ def hdrope_cli():
 
     return run
 
+
+
+@pytest.fixture
+def hdrope_here(capsys, monkeypatch):
+    """Run `hdrope ARGS...` through the console's own `main` in this process, in the directory `cwd`: its exit code,
+    stdout and stderr as a CompletedProcess, without an interpreter start (about 3 s of imports each). For commands
+    that start no server and no Ray; the process boundary itself is the subprocess tests' part."""
+    import subprocess
+
+    from sweeps.console import main
+
+    def run(argv: list[str], cwd=None) -> subprocess.CompletedProcess:
+        if cwd is not None:
+            monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        environ, threads = dict(os.environ), torch.get_num_threads()
+        try:
+            code = main(list(argv))
+        except SystemExit as stop:  # argparse's usage errors exit 2 themselves
+            code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+        finally:  # what a command sets for its own process (environment, torch threads) does not outlive it here
+            os.environ.clear()
+            os.environ.update(environ)
+            torch.set_num_threads(threads)
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(["hdrope", *argv], code, out.out, out.err)
+
+    return run
 
 
 @pytest.fixture

@@ -1,8 +1,6 @@
 """Analysis: known answers, streaming loaders and their errors, theory curves, the report and its CLI."""
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -118,11 +116,10 @@ def test_truncated_and_foreign_files_get_clear_errors(tiny_sweep, tmp_path):
         load_stats(tmp_path / "missing.parquet")
 
 
-def test_report_from_a_sweep_writes_markdown_and_real_pngs(tiny_sweep):
+def test_report_from_a_sweep_writes_markdown_and_real_pngs(tiny_sweep, hdrope_here):
     from PIL import Image
 
-    out = subprocess.run([sys.executable, "-m", "sweeps.console", "report", str(tiny_sweep)],
-                         capture_output=True, text=True, timeout=300)
+    out = hdrope_here(["report", str(tiny_sweep)])
     assert out.returncode == 0, out.stderr[-2000:]
     md = (tiny_sweep / "report" / "report.md").read_text()
     assert "## Outcome tables" in md and "| 2D RoPE |" in md and "± " in md and "(n=2)" in md  # 2 seeds -> CIs
@@ -145,21 +142,21 @@ def test_report_from_a_sweep_writes_markdown_and_real_pngs(tiny_sweep):
         assert img.shape[0] > 200 and img.std() > 5  # decodes and is not blank
 
 
-def test_theory_cli_writes_csv_and_plots(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "sweeps.console", "theory", "--rotation-dim", "2", "4", "8", "32",
-                          "--theta", "1e4", "5e5", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+def test_theory_cli_writes_csv_and_plots(tmp_path, hdrope_here):
+    out = hdrope_here(["theory", "--rotation-dim", "2", "4", "8", "32",
+                          "--theta", "1e4", "5e5", "--out", str(tmp_path)])
     assert out.returncode == 0, out.stderr
     table = pd.read_csv(tmp_path / "theory.csv")
     assert len(table) == 8 and table.set_index(["rotation_dim", "theta"]).loc[(32, 1e4), "n_frequencies"] == 2
     assert len(list(tmp_path.glob("*.png"))) == 6
-    bad = subprocess.run([sys.executable, "-m", "sweeps.console", "theory", "--rotation-dim", "6", "--out",
-                          str(tmp_path)], capture_output=True, text=True, timeout=120)
+    bad = hdrope_here(["theory", "--rotation-dim", "6", "--out",
+                          str(tmp_path)])
     assert bad.returncode == 2 and "--rotation-dim 6" in bad.stderr
 
 
-def test_bench_analysis_reports_side_by_side_rates():
-    out = subprocess.run([sys.executable, "-m", "sweeps.console", "bench", "analysis", "--gib", "0.01",
-                          "--seconds", "1", "--json"], capture_output=True, text=True, timeout=300)
+def test_bench_analysis_reports_side_by_side_rates(hdrope_here):
+    out = hdrope_here(["bench", "analysis", "--gib", "0.01",
+                          "--seconds", "1", "--json"])
     assert out.returncode == 0, out.stderr
     import json
 
@@ -226,7 +223,7 @@ def test_find_sweep_dir_from_any_working_directory(tiny_sweep, tmp_path, monkeyp
         find_sweep_dir("runs/sweeps/no-such-sweep")
 
 
-def test_sweep_plan_detect_prints_the_seeds_a_difference_needs(tiny_sweep, tmp_path):
+def test_sweep_plan_detect_prints_the_seeds_a_difference_needs(tiny_sweep, tmp_path, hdrope_here):
     """`plan --detect D --pilot SWEEP`: the paired answer is the power calculation at the pilot's largest per-seed
     spread of paired differences, at the Holm level of the plan's comparisons (2 here: 4D identity and 4D Paley)."""
     from analysis.stats import seeds_needed
@@ -234,9 +231,8 @@ def test_sweep_plan_detect_prints_the_seeds_a_difference_needs(tiny_sweep, tmp_p
     spec = tmp_path / "next.yaml"
     spec.write_text("name: next\nbase: tiny\naxes:\n  model.pe.rotation_dim: [2, 4]\n"
                     "  model.pe.basis: [identity, paley]\n  seed: [1, 2, 3]\n")
-    out = subprocess.run([sys.executable, "-m", "sweeps.console", "sweep", "plan", str(spec), "--detect", "0.02",
-                          "--pilot", str(tiny_sweep), "--metric", "val_loss_x2"], capture_output=True, text=True,
-                         timeout=300)
+    out = hdrope_here(["sweep", "plan", str(spec), "--detect", "0.02",
+                          "--pilot", str(tiny_sweep), "--metric", "val_loss_x2"])
     assert out.returncode == 0, out.stderr[-2000:]
     results = pd.read_parquet(tiny_sweep / "results.parquet")
     done = results[results["dedup_of"].isna()]
@@ -246,11 +242,9 @@ def test_sweep_plan_detect_prints_the_seeds_a_difference_needs(tiny_sweep, tmp_p
     want = seeds_needed(0.02, max(sds), paired=True, alpha=0.05 / 2)
     assert f"paired (every variant on the same seeds, as `axes: {{seed: [...]}}` runs them): {want} seeds" in out.stdout
     assert "Holm over the plan's 2 comparisons" in out.stdout and "this plan runs 3 seeds per cell" in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "sweeps.console", "sweep", "plan", str(spec), "--detect", "0.02"],
-                         capture_output=True, text=True, timeout=300)
+    bad = hdrope_here(["sweep", "plan", str(spec), "--detect", "0.02"])
     assert bad.returncode == 2 and "needs --pilot" in bad.stderr and "Traceback" not in bad.stderr
     # the analysis owns the calculation: `hdrope seeds` is the same command
-    same = subprocess.run([sys.executable, "-m", "sweeps.console", "seeds", str(spec), "--detect", "0.02",
-                           "--pilot", str(tiny_sweep), "--metric", "val_loss_x2"], capture_output=True, text=True,
-                          timeout=300)
+    same = hdrope_here(["seeds", str(spec), "--detect", "0.02",
+                           "--pilot", str(tiny_sweep), "--metric", "val_loss_x2"])
     assert same.returncode == 0 and same.stdout == out.stdout

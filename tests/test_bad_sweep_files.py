@@ -59,14 +59,13 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_damaged_sweep_files_exit_2_with_the_file_and_the_fix(tiny_sweep, tmp_path, case):
+def test_damaged_sweep_files_exit_2_with_the_file_and_the_fix(tiny_sweep, tmp_path, case, hdrope_here):
     _, damage, argv, code, text = case
     sweep = tmp_path / "tinysweep"
     shutil.copytree(tiny_sweep, sweep, ignore=shutil.ignore_patterns("report", "mlflow.db"))
     damage(sweep)
     before = sorted(p for p in tmp_path.rglob("*"))
-    out = subprocess.run([sys.executable, "-m", "sweeps.console", *(a.format(sweep=sweep) for a in argv)],
-                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    out = hdrope_here([a.format(sweep=sweep) for a in argv], cwd=tmp_path)
     assert out.returncode == code, out.stderr[-2000:]
     assert text in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert not (tmp_path.parent / "outside").exists()

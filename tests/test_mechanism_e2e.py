@@ -1,5 +1,6 @@
-"""A tiny version of experiments/tables/mechanism_compact.yaml runs on embedded Ray and its report states the
-Paley − identity gap per optimiser with CIs (the shipped spec's own axes, on the tiny model)."""
+"""A tiny version of experiments/tables/mechanism_compact.yaml trains and its report states the Paley − identity gap
+per optimiser with CIs (the shipped spec's own axes, on the tiny model; trained in this process: the Ray path of a
+sweep is tests/test_sweeps_e2e.py's)."""
 
 from pathlib import Path
 
@@ -11,7 +12,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_tiny_mechanism_study_runs_and_reports_the_gap_per_optimizer(tmp_path, cache_dir, hdrope_cli):
+def test_tiny_mechanism_study_runs_and_reports_the_gap_per_optimizer(tmp_path, cache_dir, sweep_trainer, hdrope_here):
     spec = OmegaConf.load(REPO / "experiments/tables/mechanism_compact.yaml")
     spec.base = "tiny"
     spec.storage = str(tmp_path / "store")
@@ -23,9 +24,8 @@ def test_tiny_mechanism_study_runs_and_reports_the_gap_per_optimizer(tmp_path, c
     spec.axes.seed = [1, 2]
     path = tmp_path / "mech.yaml"
     OmegaConf.save(spec, path)
-    run = hdrope_cli("sweep", "run", str(path), cwd=tmp_path)
-    assert run.returncode == 0, run.stderr[-3000:]
-    rep = hdrope_cli("report", str(tmp_path / "store" / spec.name), cwd=tmp_path, timeout=600)
+    sweep_trainer(path)
+    rep = hdrope_here(["report", str(tmp_path / "store" / spec.name)], cwd=tmp_path)
     assert rep.returncode == 0, rep.stderr[-3000:]
     text = (tmp_path / "store" / spec.name / "report" / "report.md").read_text()
     assert "## Optimiser mechanism" in text

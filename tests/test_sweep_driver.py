@@ -74,7 +74,7 @@ def test_each_cells_mlflow_run_ends_when_the_cell_ended_not_when_the_sweep_did(t
     (lambda r: r.update(step="12"), "step is '12', not a step count"),
     (lambda r: r.pop("config_hash"), "config_hash is None"),
 ])
-def test_a_result_json_that_is_not_the_trainers_is_never_used(tiny_sweep, tmp_path, damage, problem):
+def test_a_result_json_that_is_not_the_trainers_is_never_used(tiny_sweep, tmp_path, damage, problem, hdrope_here):
     import pyarrow.parquet as pq
 
     sweep = tmp_path / "tinysweep"
@@ -83,7 +83,7 @@ def test_a_result_json_that_is_not_the_trainers_is_never_used(tiny_sweep, tmp_pa
     result = json.loads((cell / "result.json").read_text())
     damage(result)
     (cell / "result.json").write_text(json.dumps(result))
-    out = _hdrope("sweep", "results", str(sweep), cwd=tmp_path)
+    out = hdrope_here(["sweep", "results", str(sweep)], cwd=tmp_path)
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
     rows = pq.read_table(sweep / "results.parquet").to_pandas()
     bad = rows[rows["trained_cell"] == cell.name]

@@ -125,23 +125,20 @@ def test_report_groups_by_every_axis_except_the_seed():
     assert any("scaling=yarn(factor=4)" in v for v in table.index)  # the mapping's label, as in run names
 
 
-def test_a_run_directory_belongs_to_one_configuration(cache_dir, tmp_path):
-    base = [sys.executable, "-m", "sweeps.console", "train", "tiny", "train.steps=4", "train.ckpt_every=2",
-            f"data.cache_dir={cache_dir}", "eval.passkey.enabled=false", "eval.extrapolation_batches=0",
-            "--no-progress"]
+def test_a_run_directory_belongs_to_one_configuration(cache_dir, tmp_path, hdrope_here):
+    base = ["train", "tiny", "train.steps=4", "train.ckpt_every=2", f"data.cache_dir={cache_dir}",
+            "eval.passkey.enabled=false", "eval.extrapolation_batches=0", "--no-progress"]
     run = tmp_path / "run"
-    first = subprocess.run([*base, f"train.out_dir={run}"], capture_output=True, text=True, timeout=300)
+    first = hdrope_here([*base, f"train.out_dir={run}"])
     assert first.returncode == 0, first.stderr
     before = (run / "result.json").read_text()
-    other = subprocess.run([*base, f"train.out_dir={run}", "model.pe.basis=identity"], capture_output=True, text=True,
-                           timeout=300)
+    other = hdrope_here([*base, f"train.out_dir={run}", "model.pe.basis=identity"])
     assert other.returncode == 2 and "Traceback" not in other.stderr
     owner = json.loads(before)["config_hash"]
     assert owner in other.stderr and "not of this config" in other.stderr and "train.out_dir" in other.stderr
     assert (run / "result.json").read_text() == before  # nothing was overwritten
     # without out_dir each configuration gets its own directory
-    defaults = [subprocess.run([*base, *extra], capture_output=True, text=True, timeout=300, cwd=tmp_path)
-                for extra in ([], ["model.pe.basis=identity"])]
+    defaults = [hdrope_here([*base, *extra], cwd=tmp_path) for extra in ([], ["model.pe.basis=identity"])]
     dirs = [json.loads(d.stdout)["run_dir"] for d in defaults]
     assert all(d.returncode == 0 for d in defaults) and dirs[0] != dirs[1]
     assert all(d.startswith("runs/run-") for d in dirs)

@@ -1,6 +1,6 @@
-"""Ray Train inside Ray Tune, end to end: a sweep whose cells each train on 2 data-parallel gloo workers on a
-2-CPU embedded Ray, tracked in MLflow, equal to the 1-process runs of the same cells (DDP); a killed worker
-(FSDP) resumes from its cell's checkpoint.
+"""Ray Train inside Ray Tune, end to end: a sweep whose cells each train on 2 data-parallel gloo workers (FSDP) on
+a 2-CPU embedded Ray, tracked in MLflow, equal to the 1-process runs of the same cells, one of them after a killed
+worker resumed it from its checkpoint.
 
 All marked slow: `.ci/run` runs them; deselect locally with -m 'not slow'.
 """
@@ -49,25 +49,37 @@ def reference(spec: Path, cell_id: str, out: Path):
         torch.set_num_threads(threads)
 
 
-def test_two_worker_cells_run_as_ray_train_inside_tune_with_one_mlflow_run_each(tmp_path, cache_dir):
-    from test_sweeps_e2e import cell_runs
+def test_two_worker_cells_run_as_ray_train_inside_tune_and_a_killed_worker_resumes_its_cell(tmp_path, cache_dir):
+    """Two cells of 2 FSDP workers each, one after the other (each holds both CPUs); a worker of the second is killed
+    after its step-20 checkpoint. One Ray Train run per trial, one MLflow run per cell, each cell's final numbers
+    those of the same cell trained in one process. (DDP against one process: tests/test_distributed.py.)"""
+    from test_sweeps_e2e import _trial_workers, _wait_for, cell_runs
 
     from trainer.files.run_files import METRICS_FILE, read_metrics
 
-    spec = write_spec(tmp_path, "workers", cache_dir)
+    spec = write_spec(tmp_path, "workers", cache_dir, steps=60, ckpt=10, strategy="fsdp")
+    root = tmp_path / "store" / "workers"
+    killed = root / "cells" / "c001-rotation_dim4"
     t0 = time.monotonic()
     proc = hdrope_sweep(spec, tmp_path)
-    out, _ = proc.communicate(timeout=600)
+    try:  # killed after step 20 of 60: the 40 steps left outlast finding and killing the worker
+        _wait_for(lambda: (killed / "checkpoints" / "step_00000020").is_dir(), 400, "a checkpoint at step 20")
+        workers = _trial_workers(proc.pid, ("RayTrainWorker",))  # this test's Ray Train workers: the second cell's
+        assert len(workers) == 2, workers
+        workers[-1].send_signal(signal.SIGKILL)  # one worker of the two
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
     assert proc.returncode == 0, out[-3000:]
     seconds = time.monotonic() - t0
-    root = tmp_path / "store" / "workers"
     cells = sorted(p.name for p in (root / "cells").iterdir())
     assert cells == ["c000-rotation_dim2", "c001-rotation_dim4"]
     train_runs = sorted(p.name for p in (root / "ray" / "train").iterdir() if p.is_dir())
-    assert [r.split("-rotation")[0] for r in train_runs] == ["c000", "c001"]  # one Ray Train run per trial
+    # one Ray Train run per trial: the first cell's, then the second's, and its retry's after the kill
+    assert [r.split("-rotation")[0] for r in train_runs] == ["c000", "c001", "c001"], train_runs
 
     client, runs, parents = cell_runs(f"sqlite:///{root / 'mlflow.db'}", "workers")
-    assert len(parents) == 1 and len(runs) == 2  # exactly one run per cell
+    assert len(parents) == 1 and len(runs) == 2  # exactly one run per cell, the restarted one included
     assert sorted(r.data.tags["cell_id"] for r in runs) == cells
     for run in runs:
         cell = run.data.tags["cell_id"]
@@ -75,35 +87,12 @@ def test_two_worker_cells_run_as_ray_train_inside_tune_with_one_mlflow_run_each(
         history = {(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train_loss")}
         local = {(r["step"], r["train_loss"]) for r in read_metrics(root / "cells" / cell / METRICS_FILE)
                  if "train_loss" in r}
-        assert history == local and len(local) == 4  # steps 5, 10, 15, 20
+        assert history == local and {step for step, _ in local} == set(range(5, 61, 5))
         ref = reference(spec, cell, tmp_path / f"ref-{cell}")
         result = json.loads((root / "cells" / cell / "result.json").read_text())
         assert result["workers"] == 2
+        resumed = result["resumed_from"]
+        assert (resumed is not None and resumed >= 20) if cell == killed.name else resumed is None
         for key in ("train_loss", "val_loss"):
             assert result["metrics"][key] == pytest.approx(ref.metrics[key], rel=1e-5)
-    print(f"2-worker sweep of 2 cells x 20 steps: {seconds:.0f} s")
-
-
-def test_a_killed_fsdp_worker_resumes_its_cell_from_the_checkpoint(tmp_path, cache_dir):
-    from test_sweeps_e2e import _trial_workers, _wait_for, cell_runs
-
-    spec = write_spec(tmp_path, "wkill", cache_dir, steps=150, ckpt=20, dims="[4]", strategy="fsdp")
-    cell = "c000-rotation_dim4"
-    cell_dir = tmp_path / "store" / "wkill" / "cells" / cell
-    proc = hdrope_sweep(spec, tmp_path)
-    try:
-        _wait_for(lambda: (cell_dir / "checkpoints" / "step_00000040").is_dir(), 300, "a checkpoint at step 40")
-        workers = _trial_workers(proc.pid, ("RayTrainWorker",))  # this test's Ray Train workers
-        assert len(workers) == 2, workers
-        workers[-1].send_signal(signal.SIGKILL)  # one worker of the two
-        out, _ = proc.communicate(timeout=600)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, out[-3000:]
-    result = json.loads((cell_dir / "result.json").read_text())
-    assert result["resumed_from"] is not None and result["resumed_from"] >= 40  # restarted from a checkpoint
-    ref = reference(spec, cell, tmp_path / "ref")
-    for key in ("train_loss", "val_loss"):
-        assert result["metrics"][key] == pytest.approx(ref.metrics[key], rel=1e-5)
-    _, runs, _ = cell_runs(f"sqlite:///{tmp_path / 'store' / 'wkill' / 'mlflow.db'}", "wkill")
-    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    print(f"2-worker sweep of 2 cells x 60 steps, one worker killed: {seconds:.0f} s")
