@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import time
 from pathlib import Path
 
 from hdrope.errors import UserError
@@ -46,10 +47,32 @@ def submit_sweep(spec_path: str, address: str, overrides: list[str] | None = Non
     entry = " ".join(["python -m sweeps.console sweep run", shlex.quote(str(spec.relative_to(work))),
                       "--address auto", *(f"--set {shlex.quote(s)}" for s in sets)])
     runtime_env = {"working_dir": str(work), "excludes": _EXCLUDES}
-    job_id = _client(address).submit_job(entrypoint=entry, runtime_env=runtime_env, metadata={"sweep": plan.spec.name})
+    job_id = _submit_when_ready(_client(address), address, entrypoint=entry, runtime_env=runtime_env,
+                                metadata={"sweep": plan.spec.name})
     plan.root.mkdir(parents=True, exist_ok=True)
     (plan.root / "job.json").write_text(json.dumps({"address": address, "job_id": job_id, "entrypoint": entry}))
     return job_id
+
+
+# a head just started by `ray start` answers on its dashboard before its job agent is up: Ray says this, HTTP 500
+_AGENT_NOT_UP = "No available agent to submit job"
+AGENT_WAIT_S = 60.0
+
+
+def _submit_when_ready(client, address: str, **job) -> str:
+    """`client.submit_job(**job)`, tried again every 2 s for up to AGENT_WAIT_S while the head's job agent is not up."""
+    deadline = time.monotonic() + AGENT_WAIT_S
+    while True:
+        try:
+            return client.submit_job(**job)
+        except RuntimeError as err:
+            if _AGENT_NOT_UP not in str(err):
+                raise
+            if time.monotonic() > deadline:
+                raise UserError(f"--address {address}: the cluster's job agent did not come up in {AGENT_WAIT_S:.0f} s "
+                                "(Ray: no available agent to submit job); check the head with `ray status`, then "
+                                "submit again") from None
+            time.sleep(2.0)
 
 
 def job_status(address: str, job_id: str) -> str:

@@ -259,3 +259,37 @@ def test_a_bench_encodings_head_dim_no_kind_takes_names_the_shape_flag(capsys):
     assert console.main(["bench", "encodings", "--shape", "1", "2", "16", "6", "--rounds", "1"]) == 2
     err = capsys.readouterr().err
     assert "error: --shape 1 2 16 6: the head dim D=6 does not suit" in err and "e.g. 64" in err
+
+
+class _AgentComingUp:
+    """A job client whose head answers 'no available agent' `misses` times, then takes the job (pure logic)."""
+
+    def __init__(self, misses: int, error: str = "Request failed with status code 500: No available agent to submit "
+                                                 "job, please try again later.."):
+        self.misses, self.error, self.calls = misses, error, 0
+
+    def submit_job(self, **job) -> str:
+        self.calls += 1
+        if self.calls <= self.misses:
+            raise RuntimeError(self.error)
+        return f"raysubmit_{self.calls}"
+
+
+def test_a_submit_to_a_head_whose_job_agent_is_starting_waits_for_it(monkeypatch):
+    """`ray start --head` returns before its job agent is up: the submit tries again instead of failing (it did,
+    under load, in tests/test_sweeps_e2e.py's two-node test); another error, or an agent that never comes, is not
+    waited on forever."""
+    import sweeps.submit as submit
+    from hdrope.errors import UserError
+
+    monkeypatch.setattr(submit.time, "sleep", lambda s: None)
+    client = _AgentComingUp(misses=3)
+    assert submit._submit_when_ready(client, "http://127.0.0.1:8265", entrypoint="x") == "raysubmit_4"
+    assert client.calls == 4
+    other = _AgentComingUp(misses=1, error="Request failed with status code 400: bad runtime_env")
+    with pytest.raises(RuntimeError, match="bad runtime_env"):
+        submit._submit_when_ready(other, "http://127.0.0.1:8265", entrypoint="x")
+    assert other.calls == 1
+    monkeypatch.setattr(submit, "AGENT_WAIT_S", 0.0)
+    with pytest.raises(UserError, match=r"--address http://h:8265: the cluster's job agent did not come up in 0 s"):
+        submit._submit_when_ready(_AgentComingUp(misses=10**6), "http://h:8265", entrypoint="x")

@@ -28,7 +28,7 @@ from test_sweeps_e2e import (
 pytestmark = pytest.mark.slow
 
 
-def test_sigterm_ends_the_driver_with_143_and_stops_its_ray(tmp_path, cache_dir):
+def test_sigterm_ends_the_driver_with_143_and_stops_its_ray(tmp_path, cache_dir, hdrope_here):
     spec = write_spec(tmp_path, "term", steps=3000, batch=8, ckpt=500, dims="[4]", bases="[paley]")
     proc = subprocess.Popen([sys.executable, "-m", "sweeps.console", "sweep", "run", str(spec)], cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ray_env())
@@ -39,7 +39,7 @@ def test_sigterm_ends_the_driver_with_143_and_stops_its_ray(tmp_path, cache_dir)
         assert len(tree) >= 3  # GCS, raylet, agents, the trial worker
         # a second driver of this sweep is refused, naming the running one, which goes on
         for second in (("sweep", "run", str(spec)), ("sweep", "resume", "term", "--storage", str(tmp_path / "store"))):
-            out = hdrope(*second, cwd=tmp_path, timeout=300)
+            out = hdrope_here(list(second), cwd=tmp_path)  # refused before Ray: no process of its own needed
             assert out.returncode == 2 and f"in use by hdrope sweep run (PID {proc.pid}" in out.stderr, out.stderr
             assert "Traceback" not in out.stderr
         assert proc.poll() is None

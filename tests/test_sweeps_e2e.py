@@ -112,7 +112,7 @@ def mlflow_server(tmp_path_factory):
     proc.wait(30)
 
 
-def test_local_grid_logs_one_run_per_cell_to_a_real_mlflow_server(tmp_path, cache_dir, mlflow_server):
+def test_local_grid_logs_one_run_per_cell_to_a_real_mlflow_server(tmp_path, cache_dir, mlflow_server, hdrope_here):
     # task windows in the batches (made by a producer process forked in each Ray trial) and the strided loss
     extra = {"data.tasks": "[copy]", "data.task_ratio": 0.5, "eval.tasks.samples": 4,
              "eval.tasks.length_factors": "[1, 2]", "eval.sliding_stride": 32, "train.batch_producer": "process"}
@@ -157,7 +157,7 @@ def test_local_grid_logs_one_run_per_cell_to_a_real_mlflow_server(tmp_path, cach
     for name in ("acc_copy_x1", "acc_copy_x2", "n_copy_x2", "val_loss_sw_x2", "val_loss_sw_x8"):
         assert done[name] is not None and paley.data.metrics[name] == row[name] == done[name], name
     assert done["n_copy_x2"] == 4 and done["val_loss_sw_x8"] != done["val_loss_x8"]
-    status = hdrope("sweep", "status", "e2e", "--storage", str(tmp_path / "store"), cwd=tmp_path)
+    status = hdrope_here(["sweep", "status", "e2e", "--storage", str(tmp_path / "store")], cwd=tmp_path)
     assert status.returncode == 0 and "FINISHED 4" in status.stdout
 
 
@@ -308,7 +308,7 @@ resources: {{cpus: 1}}
     assert len(runs) == 3
 
 
-def test_a_failing_cell_does_not_stop_the_sweep_and_ends_failed(tmp_path, cache_dir):
+def test_a_failing_cell_does_not_stop_the_sweep_and_ends_failed(tmp_path, cache_dir, hdrope_here):
     spec = tmp_path / "fail.yaml"
     spec.write_text(f"""
 name: fail
@@ -329,5 +329,5 @@ max_failures: 1
     failed = status["c001-init_std1e_30"]
     assert failed.info.status == "FAILED" and "TrainingDiverged" in failed.data.tags["error"]
     assert parents[0].data.tags["failed_cells"] == "c001-init_std1e_30"
-    logs = hdrope("sweep", "logs", "fail", "--storage", str(tmp_path / "store"), cwd=tmp_path)
+    logs = hdrope_here(["sweep", "logs", "fail", "--storage", str(tmp_path / "store")], cwd=tmp_path)
     assert logs.returncode == 0 and "ERROR TrainingDiverged" in logs.stdout
