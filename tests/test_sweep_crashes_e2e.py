@@ -83,12 +83,12 @@ def test_killed_trial_recovers_from_its_checkpoint_with_the_same_final_loss(tmp_
     from sweeps.runner import prepare
     from trainer.run.loop import train
 
-    spec = write_spec(tmp_path, "kill", steps=80, batch=8, ckpt=10, dims="[4]", bases="[paley]")
+    spec = write_spec(tmp_path, "kill", steps=150, batch=8, ckpt=15, dims="[4]", bases="[paley]")
     cell_dir = tmp_path / "store" / "kill" / "cells" / "c000-rotation_dim4-basispaley"
     proc = subprocess.Popen([sys.executable, "-m", "sweeps.console", "sweep", "run", str(spec)], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ray_env())
-    try:  # killed after step 20 of 80: the 60 steps left outlast finding and killing the trial
-        _wait_for(lambda: (cell_dir / "checkpoints" / "step_00000020").is_dir(), 240, "a checkpoint at step 20")
+    try:  # a tiny step takes about 30 ms: the 105 steps left outlast finding and killing the trial
+        _wait_for(lambda: (cell_dir / "checkpoints" / "step_00000045").is_dir(), 240, "a checkpoint at step 45")
         workers = _trial_workers(proc.pid)
         assert workers, "no trial worker process found"
         for w in workers:
@@ -98,7 +98,7 @@ def test_killed_trial_recovers_from_its_checkpoint_with_the_same_final_loss(tmp_
         proc.kill()
     assert proc.returncode == 0, out[-3000:]
     result = json.loads((cell_dir / "result.json").read_text())
-    assert result["resumed_from"] is not None and result["resumed_from"] >= 10  # restarted from a checkpoint
+    assert result["resumed_from"] is not None and result["resumed_from"] >= 15  # restarted from a checkpoint
     cfg = prepare(str(spec)).cells[0].config
     cfg.train.out_dir = str(tmp_path / "reference")
     threads = torch.get_num_threads()
@@ -111,14 +111,14 @@ def test_killed_trial_recovers_from_its_checkpoint_with_the_same_final_loss(tmp_
 
 
 def test_killed_driver_then_resume_finishes_without_rerunning(tmp_path, cache_dir):
-    spec = write_spec(tmp_path, "drv", steps=60, batch=8, ckpt=10, dims="[4, 8, 32]", bases="[identity]",
+    spec = write_spec(tmp_path, "drv", steps=100, batch=16, ckpt=10, dims="[4, 8, 32]", bases="[identity]",
                       concurrent=1)
     cells = tmp_path / "store" / "drv" / "cells"
     first, second = cells / "c000-rotation_dim4-basisidentity", cells / "c001-rotation_dim8-basisidentity"
     proc = subprocess.Popen([sys.executable, "-m", "sweeps.console", "sweep", "run", str(spec)], cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ray_env())
     try:
-        _wait_for(lambda: (first / "result.json").is_file() and (second / "checkpoints" / "step_00000010").is_dir(),
+        _wait_for(lambda: (first / "result.json").is_file() and (second / "checkpoints" / "step_00000020").is_dir(),
                   300, "one finished cell and a checkpoint of the next")
         tree = psutil.Process(proc.pid).children(recursive=True)
         listening = [c for p in tree for c in _listening(p)]
