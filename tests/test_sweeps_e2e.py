@@ -243,12 +243,17 @@ def test_two_node_cluster_runs_a_submitted_sweep(tmp_path, cache_dir):
     head_dir, worker_dir = tempfile.mkdtemp(prefix="hdrh-"), tempfile.mkdtemp(prefix="hdrw-")
     repo = Path(__file__).resolve().parent.parent
     before = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True).stdout
+    def own_ports() -> list[str]:  # Ray's fixed defaults (agent 52365, metrics) collide with any other Ray here
+        return [f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}",
+                f"--runtime-env-agent-port={free_port()}"]
+
     try:
         head = subprocess.run(["ray", "start", "--head", f"--port={gcs}", "--dashboard-host=127.0.0.1",
                                f"--dashboard-port={dash}", "--num-cpus=1", "--include-dashboard=true",
-                               f"--temp-dir={head_dir}"], env=env, capture_output=True, text=True, timeout=180)
+                               f"--ray-client-server-port={free_port()}", *own_ports(), f"--temp-dir={head_dir}"],
+                              env=env, capture_output=True, text=True, timeout=180)
         assert head.returncode == 0, head.stderr[-2000:]
-        worker = subprocess.run(["ray", "start", f"--address=127.0.0.1:{gcs}", "--num-cpus=1",
+        worker = subprocess.run(["ray", "start", f"--address=127.0.0.1:{gcs}", "--num-cpus=1", *own_ports(),
                                  f"--temp-dir={worker_dir}"], env=env, capture_output=True, text=True, timeout=180)
         assert worker.returncode == 0, worker.stderr[-2000:]
         job_dir = tmp_path / "job"  # the job's working dir: the spec alone (the code is installed on the nodes)
