@@ -214,7 +214,7 @@ def _holm(p: np.ndarray) -> np.ndarray:
     """Holm's step-down adjusted p-values: the k-th smallest times (m - k + 1), made monotone, at most 1.
 
     statsmodels' `multipletests(method="holm")` gives the same numbers (tests/test_stats_calibration.py checks it)
-    but runs a full garbage collection on every call: 0.2-1 s each in a large process, tens of them a report."""
+    but runs a full garbage collection on every call: 0.15-0.2 s in a small process, 0.6 s in a test worker."""
     order = np.argsort(p, kind="stable")
     stepped = np.maximum.accumulate(p[order] * np.arange(len(p), 0, -1))
     out = np.empty_like(p)

@@ -9,8 +9,9 @@ import torch
 # one torch thread per pytest-xdist worker (the README runs two on two cores), two without xdist
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, torch.get_num_threads()))
 
-# The files that take longest, first: `-n 2 --dist loadfile` hands whole files to the two workers in this order, so
-# the long ones start at once and the short ones fill in around them (the order changes no result).
+# The files that take longest, first: `-n 2 --dist loadfile --no-loadscope-reorder` hands whole files to the two
+# workers in this order (without the last flag xdist orders files by their number of tests, and these few-test files
+# ran last), so the long ones start at once and the short ones fill in around them. The order changes no result.
 LONG_FIRST = ("test_sweeps_e2e.py", "test_sweep_crashes_e2e.py", "test_workers_e2e.py", "test_team_server_e2e.py",
               "test_mlflow_ui.py",
               "test_distributed.py", "test_lm_eval.py", "test_shipped_results.py", "test_analysis.py",

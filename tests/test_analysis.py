@@ -143,20 +143,18 @@ def test_report_from_a_sweep_writes_markdown_and_real_pngs(tiny_sweep, hdrope_he
 
 
 def test_theory_cli_writes_csv_and_plots(tmp_path, hdrope_here):
-    out = hdrope_here(["theory", "--rotation-dim", "2", "4", "8", "32",
-                          "--theta", "1e4", "5e5", "--out", str(tmp_path)])
+    out = hdrope_here(["theory", "--rotation-dim", "2", "4", "8", "32", "--theta", "1e4", "5e5", "--out",
+                       str(tmp_path)])
     assert out.returncode == 0, out.stderr
     table = pd.read_csv(tmp_path / "theory.csv")
     assert len(table) == 8 and table.set_index(["rotation_dim", "theta"]).loc[(32, 1e4), "n_frequencies"] == 2
     assert len(list(tmp_path.glob("*.png"))) == 6
-    bad = hdrope_here(["theory", "--rotation-dim", "6", "--out",
-                          str(tmp_path)])
+    bad = hdrope_here(["theory", "--rotation-dim", "6", "--out", str(tmp_path)])
     assert bad.returncode == 2 and "--rotation-dim 6" in bad.stderr
 
 
 def test_bench_analysis_reports_side_by_side_rates(hdrope_here):
-    out = hdrope_here(["bench", "analysis", "--gib", "0.01",
-                          "--seconds", "1", "--json"])
+    out = hdrope_here(["bench", "analysis", "--gib", "0.01", "--seconds", "1", "--json"])
     assert out.returncode == 0, out.stderr
     import json
 
@@ -231,8 +229,8 @@ def test_sweep_plan_detect_prints_the_seeds_a_difference_needs(tiny_sweep, tmp_p
     spec = tmp_path / "next.yaml"
     spec.write_text("name: next\nbase: tiny\naxes:\n  model.pe.rotation_dim: [2, 4]\n"
                     "  model.pe.basis: [identity, paley]\n  seed: [1, 2, 3]\n")
-    out = hdrope_here(["sweep", "plan", str(spec), "--detect", "0.02",
-                          "--pilot", str(tiny_sweep), "--metric", "val_loss_x2"])
+    out = hdrope_here(["sweep", "plan", str(spec), "--detect", "0.02", "--pilot", str(tiny_sweep), "--metric",
+                       "val_loss_x2"])
     assert out.returncode == 0, out.stderr[-2000:]
     results = pd.read_parquet(tiny_sweep / "results.parquet")
     done = results[results["dedup_of"].isna()]
@@ -245,6 +243,6 @@ def test_sweep_plan_detect_prints_the_seeds_a_difference_needs(tiny_sweep, tmp_p
     bad = hdrope_here(["sweep", "plan", str(spec), "--detect", "0.02"])
     assert bad.returncode == 2 and "needs --pilot" in bad.stderr and "Traceback" not in bad.stderr
     # the analysis owns the calculation: `hdrope seeds` is the same command
-    same = hdrope_here(["seeds", str(spec), "--detect", "0.02",
-                           "--pilot", str(tiny_sweep), "--metric", "val_loss_x2"])
+    same = hdrope_here(["seeds", str(spec), "--detect", "0.02", "--pilot", str(tiny_sweep), "--metric",
+                        "val_loss_x2"])
     assert same.returncode == 0 and same.stdout == out.stdout

@@ -1,5 +1,5 @@
 """Bad flags and tampered files through the real `hdrope` console: exit 2, one clear line, no traceback (the cases
-through its `main` in this process; the baseline and the taken port through a fresh interpreter).
+through its `main` in this process; the baseline, the taken port and `sweep submit` through a fresh interpreter).
 
 Each row of CASES is (id, setup, argv, expected): setup writes the bad input under a test's working
 directory, which holds its own copy of a tiny trained run (`run/`) and a tiny passkey dataset

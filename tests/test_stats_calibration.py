@@ -114,7 +114,7 @@ def test_the_corrections_equal_statsmodels_multipletests(method):
     from statsmodels.stats.multitest import multipletests
 
     rng = np.random.default_rng(7)
-    for _ in range(12):  # each statsmodels call collects garbage: up to a second in a large test process
+    for _ in range(12):  # each statsmodels call collects garbage: about 0.6 s in a test worker
         m = int(rng.integers(1, 25))
         p = rng.random(m) ** rng.uniform(0.3, 4.0)
         p[rng.random(m) < 0.2] = p[0]  # ties

@@ -57,12 +57,12 @@ def test_two_worker_cells_run_as_ray_train_inside_tune_and_a_killed_worker_resum
 
     from trainer.files.run_files import METRICS_FILE, read_metrics
 
-    spec = write_spec(tmp_path, "workers", cache_dir, steps=60, ckpt=10, strategy="fsdp")
+    spec = write_spec(tmp_path, "workers", cache_dir, steps=100, ckpt=10, strategy="fsdp")
     root = tmp_path / "store" / "workers"
     killed = root / "cells" / "c001-rotation_dim4"
     t0 = time.monotonic()
     proc = hdrope_sweep(spec, tmp_path)
-    try:  # killed after step 20 of 60: the 40 steps left outlast finding and killing the worker
+    try:  # killed after step 20 of 100: an FSDP step here is about 0.12 s, so the 80 left give about 10 s
         _wait_for(lambda: (killed / "checkpoints" / "step_00000020").is_dir(), 400, "a checkpoint at step 20")
         workers = _trial_workers(proc.pid, ("RayTrainWorker",))  # this test's Ray Train workers: the second cell's
         assert len(workers) == 2, workers
@@ -87,7 +87,7 @@ def test_two_worker_cells_run_as_ray_train_inside_tune_and_a_killed_worker_resum
         history = {(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train_loss")}
         local = {(r["step"], r["train_loss"]) for r in read_metrics(root / "cells" / cell / METRICS_FILE)
                  if "train_loss" in r}
-        assert history == local and {step for step, _ in local} == set(range(5, 61, 5))
+        assert history == local and {step for step, _ in local} == set(range(5, 101, 5))
         ref = reference(spec, cell, tmp_path / f"ref-{cell}")
         result = json.loads((root / "cells" / cell / "result.json").read_text())
         assert result["workers"] == 2
@@ -95,4 +95,4 @@ def test_two_worker_cells_run_as_ray_train_inside_tune_and_a_killed_worker_resum
         assert (resumed is not None and resumed >= 20) if cell == killed.name else resumed is None
         for key in ("train_loss", "val_loss"):
             assert result["metrics"][key] == pytest.approx(ref.metrics[key], rel=1e-5)
-    print(f"2-worker sweep of 2 cells x 60 steps, one worker killed: {seconds:.0f} s")
+    print(f"2-worker sweep of 2 cells x 100 steps, one worker killed: {seconds:.0f} s")
