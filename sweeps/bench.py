@@ -95,14 +95,15 @@ def run_sweep_bench(steps: int = 30, concurrent: int = 1, small: int = 8, large:
         for plan in (warmup, *empty.values()):
             _train_back_to_back(plan)  # trained to the end: under Tune each trial only re-reports its result
         t0 = time.perf_counter()
-        _init_ray(None, train_plan.spec)
+        started = _init_ray(None, train_plan.spec)  # joins a Ray this process already runs
         startup = time.perf_counter() - t0
         try:
             _tune(warmup)  # warm-up: the first sweep in a process also pays Tune's and MLflow's imports
             empty_s = {n: _tune(empty[n]) for n in (small, large)}
             tuned = _tune(_plan(folder, "tuned", 4, steps, concurrent, dims=(4, 8)))
         finally:
-            ray.shutdown()
+            if started:
+                ray.shutdown()
     per_trial = (empty_s[large] - empty_s[small]) / (large - small)
     return {"trials": 8, "steps_per_trial": steps, "max_concurrent": concurrent, "ray_startup_s": startup,
             "empty_trials": [small, large], "empty_s": [empty_s[small], empty_s[large]],

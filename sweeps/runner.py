@@ -70,8 +70,12 @@ def _init_ray(address: str | None, spec: SweepSpec) -> bool:
     kwargs: dict[str, Any] = {"dashboard_host": "127.0.0.1", "log_to_driver": True, "configure_logging": True,
                               "logging_level": "warning"}
     if address:
-        with signals_held():
-            ray.init(address=address, **kwargs)
+        if _on_loopback(address):  # a cluster bound to 127.0.0.1 (as an embedded one is): Ray would dial the LAN IP
+            with loopback_ray() as loopback, signals_held():
+                ray.init(address=address, **kwargs, **loopback)
+        else:
+            with signals_held():
+                ray.init(address=address, **kwargs)
         return False
     if os.environ.get("HDROPE_RAY_TMPDIR"):
         kwargs["_temp_dir"] = os.environ["HDROPE_RAY_TMPDIR"]
@@ -85,6 +89,14 @@ def _init_ray(address: str | None, spec: SweepSpec) -> bool:
             ray.shutdown()
         raise
     return True
+
+
+def _on_loopback(address: str) -> bool:
+    """Whether a Ray address (HOST:PORT) names this machine's loopback interface."""
+    if "://" in address:  # a Ray Client (ray://) address: the client starts no node of its own here
+        return False
+    host = address.rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1")
 
 
 def _tuner(plan: Plan, uri: str, restore: bool, tracker: SweepTracker | None = None):

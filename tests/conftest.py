@@ -6,6 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
+# no test reaches a model or dataset hub (lm-eval's tasks are local files): set before `datasets` reads it at import
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
 # one torch thread per pytest-xdist worker (the README runs two on two cores), two without xdist
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, torch.get_num_threads()))
 
@@ -142,7 +146,9 @@ def hdrope_cli():
 def hdrope_here(capsys, monkeypatch):
     """Run `hdrope ARGS...` through the console's own `main` in this process, in the directory `cwd`: its exit code,
     stdout and stderr as a CompletedProcess, without an interpreter start (about 3 s of imports each). For commands
-    that start no server and no Ray; the process boundary itself is the subprocess tests' part."""
+    that start no server; a sweep joins this process's `shared_ray` (ask for that fixture), never a Ray of its own:
+    the process boundary and the embedded Ray's start and stop are the subprocess tests' part."""
+    import signal
     import subprocess
 
     from sweeps.console import main
@@ -152,18 +158,41 @@ def hdrope_here(capsys, monkeypatch):
             monkeypatch.chdir(cwd)
         capsys.readouterr()
         environ, threads = dict(os.environ), torch.get_num_threads()
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         try:
             code = main(list(argv))
         except SystemExit as stop:  # argparse's usage errors exit 2 themselves
             code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
-        finally:  # what a command sets for its own process (environment, torch threads) does not outlive it here
+        finally:  # what a command sets for its own process (environment, torch threads, signal handlers) ends here
             os.environ.clear()
             os.environ.update(environ)
             torch.set_num_threads(threads)
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
         out = capsys.readouterr()
         return subprocess.CompletedProcess(["hdrope", *argv], code, out.out, out.err)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def shared_ray(cache_dir) -> str:
+    """One real Ray for this test process, `ray.init(num_cpus=2)` as the lab's embedded one starts (loopback only,
+    token auth on, no dashboard), which the sweeps of tests that neither stop nor inspect their Ray join: in this
+    process through `hdrope_here`, or from a driver of their own with `--address` (the yielded GCS address). Each
+    sweep saves Ray's start and stop (about 10 s). Started at the first such test, stopped when the process ends."""
+    import tempfile
+
+    import ray
+
+    from sweeps.procs import loopback_ray
+
+    assert not ray.is_initialized(), "a test left a Ray of its own running in this process"
+    with loopback_ray() as loopback:  # under /tmp: Unix socket paths are short
+        ray.init(num_cpus=2, include_dashboard=False, _temp_dir=tempfile.mkdtemp(prefix="hdshr-"),
+                 logging_level="warning", **loopback)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
 
 
 @pytest.fixture

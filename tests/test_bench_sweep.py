@@ -1,4 +1,5 @@
-"""`hdrope bench sweep` runs both of its parts through the real Tune path on one embedded Ray and prints them."""
+"""`hdrope bench sweep` runs both of its parts through the real Tune path on one Ray and prints them (here the test
+process's shared Ray, which it leaves running)."""
 
 import json
 
@@ -8,7 +9,7 @@ from sweeps.console import main
 
 
 @pytest.mark.slow
-def test_bench_sweep_times_empty_trials_at_two_sizes_and_training_trials(cache_dir, capsys):
+def test_bench_sweep_times_empty_trials_at_two_sizes_and_training_trials(cache_dir, shared_ray, capsys):
     assert main(["bench", "sweep", "--steps", "1", "--small", "1", "--large", "2", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["empty_trials"] == [1, 2] and len(r["empty_s"]) == 2 and min(r["empty_s"]) > 0
@@ -17,6 +18,9 @@ def test_bench_sweep_times_empty_trials_at_two_sizes_and_training_trials(cache_d
     assert r["fixed_per_sweep_s"] == pytest.approx(r["empty_s"][0] - slope)
     assert r["mean_per_trial_s"] == pytest.approx(r["empty_s"][1] / 2) and r["target_s"] == 0.5
     assert r["tune_over_sequential"] == pytest.approx(r["tune_s"] / r["sequential_s"])
+    import ray
+
+    assert ray.is_initialized()  # what it did not start, it did not stop
 
 
 def test_bench_sweep_refuses_a_large_size_not_above_the_small_one_before_any_work(capsys):

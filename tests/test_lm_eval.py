@@ -2,9 +2,6 @@
 real lm-evaluation-harness, no hub. The paper's tasks (hellaswag, arc_easy, ...) run the same way online."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -79,15 +76,14 @@ def test_lab_lm_loglikelihood_is_the_models_own(trained_tiny):
     assert isinstance(text, str) and "\n" not in text and len(text) <= 5
 
 
-def test_hdrope_eval_lm_eval_runs_a_local_task_and_reaches_mlflow_and_results(trained_tiny, task_dir, tmp_path):
+def test_hdrope_eval_lm_eval_runs_a_local_task_and_reaches_mlflow_and_results(trained_tiny, task_dir, tmp_path,
+                                                                              hdrope_here):
     import mlflow
 
     run_dir, ckpt = trained_tiny
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-m", "sweeps.console", "eval", "lm-eval", str(ckpt), "--tasks", "lab_toy",
-                          "--include-path", str(task_dir), "--tracking-uri", uri], capture_output=True, text=True,
-                         timeout=600, env=env, cwd=tmp_path)
+    out = hdrope_here(["eval", "lm-eval", str(ckpt), "--tasks", "lab_toy", "--include-path", str(task_dir),
+                       "--tracking-uri", uri], cwd=tmp_path)  # offline: tests/conftest.py sets HF_*_OFFLINE
     assert out.returncode == 0, out.stderr[-3000:]
     stored = json.loads((run_dir / "lm_eval.json").read_text())
     acc = stored["metrics"]["lm_lab_toy_acc"]
@@ -105,13 +101,11 @@ def test_hdrope_eval_lm_eval_runs_a_local_task_and_reaches_mlflow_and_results(tr
                                                    "train length)"),  # used to report an accuracy
     (["--tasks", "lab_toy", "--limit", "-1"], "--limit -1: must be an integer >= 1 (or 0 for every document)"),
 ])
-def test_bad_flags_exit_2_naming_the_flag(trained_tiny, task_dir, tmp_path, extra, expected):
+def test_bad_flags_exit_2_naming_the_flag(trained_tiny, task_dir, tmp_path, extra, expected, hdrope_here):
     _, ckpt = trained_tiny
     if "--include-path" not in extra:
         extra = [*extra, "--include-path", str(task_dir)]
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-m", "sweeps.console", "eval", "lm-eval", str(ckpt), *extra],
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    out = hdrope_here(["eval", "lm-eval", str(ckpt), *extra], cwd=tmp_path)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert expected in out.stderr
 

@@ -265,13 +265,12 @@ def test_two_node_cluster_runs_a_submitted_sweep(tmp_path, cache_dir):
         assert out.returncode == 0, out.stderr[-3000:]
         job_id = out.stdout.strip().splitlines()[-1]
         assert job_id.startswith("raysubmit_")
-        def status() -> str:  # a client process of its own: Ray reads its auth mode once per process
-            code = f"from sweeps.submit import job_status; print(job_status('http://127.0.0.1:{dash}', '{job_id}'))"
-            return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                                  timeout=120).stdout.strip()
-
-        _wait_for(lambda: status() in ("SUCCEEDED", "FAILED", "STOPPED"), 400, "the job to end")
-        assert status() == "SUCCEEDED"
+        # one client process of its own (Ray reads its auth mode once per process) asks every second until the job ends
+        code = (f"import time\nfrom sweeps.submit import job_status\n"
+                f"while (s := job_status('http://127.0.0.1:{dash}', '{job_id}')) not in ('SUCCEEDED', 'FAILED', "
+                f"'STOPPED'):\n    time.sleep(1)\nprint(s)")
+        ended = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=400)
+        assert ended.stdout.strip() == "SUCCEEDED", ended.stdout + ended.stderr[-3000:]
         _, runs, _ = cell_runs(f"sqlite:///{tmp_path / 'store' / 'twonode' / 'mlflow.db'}", "twonode")
         assert len(runs) == 2 and all(r.info.status == "FINISHED" for r in runs)
     finally:
@@ -279,7 +278,7 @@ def test_two_node_cluster_runs_a_submitted_sweep(tmp_path, cache_dir):
     assert subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True).stdout == before
 
 
-def test_optuna_search_runs_and_keeps_its_study_in_a_journal(tmp_path, cache_dir):
+def test_optuna_search_runs_and_keeps_its_study_in_a_journal(tmp_path, cache_dir, shared_ray, hdrope_here):
     spec = tmp_path / "opt.yaml"
     spec.write_text(f"""
 name: opt
@@ -294,7 +293,7 @@ search:
     optim.lr: {{type: float, low: 1.0e-4, high: 1.0e-2, log: true}}
 resources: {{cpus: 1}}
 """)
-    out = hdrope("sweep", "run", str(spec), cwd=tmp_path)
+    out = hdrope_here(["sweep", "run", str(spec)], cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     import optuna
     from optuna.storages import JournalStorage
@@ -313,7 +312,7 @@ resources: {{cpus: 1}}
     assert len(runs) == 3
 
 
-def test_a_failing_cell_does_not_stop_the_sweep_and_ends_failed(tmp_path, cache_dir, hdrope_here):
+def test_a_failing_cell_does_not_stop_the_sweep_and_ends_failed(tmp_path, cache_dir, shared_ray, hdrope_here):
     spec = tmp_path / "fail.yaml"
     spec.write_text(f"""
 name: fail
@@ -325,7 +324,7 @@ axes:
 resources: {{cpus: 1}}
 max_failures: 1
 """)
-    out = hdrope("sweep", "run", str(spec), cwd=tmp_path)
+    out = hdrope_here(["sweep", "run", str(spec)], cwd=tmp_path)
     assert out.returncode == 1, out.stderr[-3000:]  # the sweep ran to the end and says a cell failed
     assert "1 cells finished, 1 failed" in out.stderr
     _, runs, parents = cell_runs(f"sqlite:///{tmp_path / 'store' / 'fail' / 'mlflow.db'}", "fail")

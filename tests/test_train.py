@@ -147,12 +147,11 @@ def test_lr_schedule_shape():
     assert lr_at(55, cfg, 100) == pytest.approx(1e-6 + (1e-4 - 1e-6) * 0.5)
 
 
-def test_cli_train_logs_to_mlflow(tmp_path, cache_dir):
+def test_cli_train_logs_to_mlflow(tmp_path, cache_dir, hdrope_here):  # the process boundary: test_cli_user_errors
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    cmd = [sys.executable, "-m", "sweeps.console", "train", "tiny", "train.steps=10", f"data.cache_dir={cache_dir}",
-           f"train.out_dir={tmp_path / 'run'}", "train.log_every=5", "train.eval_every=5", *FAST,
-           "--tracking-uri", uri, "--no-progress"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    out = hdrope_here(["train", "tiny", "train.steps=10", f"data.cache_dir={cache_dir}",
+                       f"train.out_dir={tmp_path / 'run'}", "train.log_every=5", "train.eval_every=5", *FAST,
+                       "--tracking-uri", uri, "--no-progress"])
     assert out.returncode == 0, out.stderr
     printed = json.loads(out.stdout)
     assert printed["step"] == 10
@@ -200,13 +199,8 @@ def test_the_training_loop_reads_the_loss_back_only_at_log_steps(tiny_cfg, monke
     assert reads == ["__float__", "tolist", "tolist"]  # step 1's check, then steps 6 and 12: 3 reads for 24 micro-steps
 
 
-def _hdrope(*args: str, cwd=None, env=None, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sweeps.console", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env=env)
-
-
 @pytest.mark.slow
-def test_a_second_train_into_one_run_directory_is_refused_naming_the_first(tmp_path, cache_dir):
+def test_a_second_train_into_one_run_directory_is_refused_naming_the_first(tmp_path, cache_dir, hdrope_here):
     # both used to exit 0 over one mixed run directory
     import time
 
@@ -220,7 +214,7 @@ def test_a_second_train_into_one_run_directory_is_refused_naming_the_first(tmp_p
         while not (run / "metrics.jsonl").is_file():  # the first is training
             assert first.poll() is None and time.monotonic() < deadline, first.communicate()[1][-2000:]
             time.sleep(0.2)
-        second = _hdrope(*args, timeout=180)  # the same config (on the old code it trained alongside)
+        second = hdrope_here(args)  # the same config (on the old code it trained alongside); refused before training
     finally:
         first.terminate()
         first.communicate(timeout=60)

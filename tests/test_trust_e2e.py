@@ -1,4 +1,4 @@
-"""The numbers in MLflow are the run's numbers: a real sweep on embedded Ray with mid-run evaluations,
+"""The numbers in MLflow are the run's numbers: a real sweep on a real Ray with mid-run evaluations,
 checked cell by cell (dedup copies included) against results.parquet and each cell's own files."""
 
 import json
@@ -29,12 +29,12 @@ resources: {{cpus: 1}}
 """
 
 
-def test_mlflow_holds_each_cells_own_final_numbers(tmp_path, cache_dir, hdrope_cli):
+def test_mlflow_holds_each_cells_own_final_numbers(tmp_path, cache_dir, shared_ray, hdrope_here):
     import mlflow
 
     spec = tmp_path / "trust.yaml"
     spec.write_text(SPEC.format(storage=tmp_path / "store", cache=cache_dir))
-    out = hdrope_cli("sweep", "run", str(spec), cwd=tmp_path, timeout=600)
+    out = hdrope_here(["sweep", "run", str(spec)], cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     root = tmp_path / "store" / "trust"
     results = pq.read_table(root / "results.parquet").to_pandas().set_index("cell_id")

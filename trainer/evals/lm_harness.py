@@ -10,6 +10,7 @@ metrics `hdrope sweep results` puts into results.parquet as `lm_<task>_<metric>`
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import Any
@@ -108,11 +109,26 @@ def flat_metrics(results: dict[str, Any], n_samples: dict[str, Any] | None = Non
     return flat
 
 
+def _yaml_stamps(include_path: str | None) -> tuple[tuple[str, int], ...]:
+    """Each task YAML under include_path with its modification time: what a cached task index depends on."""
+    if not include_path:
+        return ()
+    return tuple(sorted((str(p), p.stat().st_mtime_ns) for p in Path(include_path).rglob("*.y*ml")))
+
+
+@functools.lru_cache(maxsize=4)
+def _indexed_tasks(include_path: str | None, stamps: tuple[tuple[str, int], ...]) -> Any:
+    """lm_eval's task index (every installed task plus include_path's), built once per process and YAML state: it
+    reads lm_eval's thousands of task YAMLs, about 10 s on one core."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=include_path) if include_path else TaskManager()
+
+
 def run_lm_eval(checkpoint: Path, tasks: list[str], include_path: str | None = None, limit: int | None = None,
                 max_length: int | None = None) -> dict[str, float]:
     """Evaluate a checkpoint on lm_eval tasks; write <run dir>/lm_eval.json and return the flat metrics."""
     from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
 
     if not tasks:
         raise UserError("--tasks is empty: name lm_eval tasks, e.g. hellaswag,arc_easy,arc_challenge,winogrande,boolq")
@@ -122,7 +138,7 @@ def run_lm_eval(checkpoint: Path, tasks: list[str], include_path: str | None = N
             raise UserError(f"{flag} {value}: must be an integer >= {least} (or {default})")
     if include_path and not Path(include_path).is_dir():
         raise UserError(f"--include-path {include_path}: not a directory of task YAMLs")
-    manager = TaskManager(include_path=include_path) if include_path else TaskManager()
+    manager = _indexed_tasks(include_path, _yaml_stamps(include_path))
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         raise UserError(f"--tasks: unknown lm_eval task(s) {unknown}; see `lm_eval ls tasks`, or give local task "
