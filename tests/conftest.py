@@ -175,24 +175,38 @@ def hdrope_here(capsys, monkeypatch):
     return run
 
 
-@pytest.fixture(scope="session")
+_SHARED_RAY: dict[str, str] = {}  # the address of this test process's shared Ray while it runs
+
+
+@pytest.fixture
 def shared_ray(cache_dir) -> str:
-    """One real Ray for this test process, `ray.init(num_cpus=2)` as the lab's embedded one starts (loopback only,
+    """A real Ray in this test process, `ray.init(num_cpus=2)` as the lab's embedded one starts (loopback only,
     token auth on, no dashboard), which the sweeps of tests that neither stop nor inspect their Ray join: in this
-    process through `hdrope_here`, or from a driver of their own with `--address` (the yielded GCS address). Each
-    sweep saves Ray's start and stop (about 10 s). Started at the first such test, stopped when the process ends."""
+    process through `hdrope_here`, or from a driver of their own with `--address` (the returned GCS address). It
+    saves each such sweep Ray's start and stop (about 10 s). Consecutive tests that ask for it share one; it stops
+    after the last of them (`pytest_runtest_teardown`), since an idle Ray costs about 7% of a core."""
     import tempfile
 
     import ray
 
     from sweeps.procs import loopback_ray
 
-    assert not ray.is_initialized(), "a test left a Ray of its own running in this process"
-    with loopback_ray() as loopback:  # under /tmp: Unix socket paths are short
-        ray.init(num_cpus=2, include_dashboard=False, _temp_dir=tempfile.mkdtemp(prefix="hdshr-"),
-                 logging_level="warning", **loopback)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
+    if not _SHARED_RAY:
+        assert not ray.is_initialized(), "a test left a Ray of its own running in this process"
+        with loopback_ray() as loopback:  # under /tmp: Unix socket paths are short
+            ray.init(num_cpus=2, include_dashboard=False, _temp_dir=tempfile.mkdtemp(prefix="hdshr-"),
+                     logging_level="warning", **loopback)
+        _SHARED_RAY["address"] = ray.get_runtime_context().gcs_address
+    return _SHARED_RAY["address"]
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the shared Ray once the next test of this process does not ask for it."""
+    if _SHARED_RAY and (nextitem is None or "shared_ray" not in nextitem.fixturenames):
+        import ray
+
+        ray.shutdown()
+        _SHARED_RAY.clear()
 
 
 @pytest.fixture

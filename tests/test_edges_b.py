@@ -293,3 +293,31 @@ def test_a_submit_to_a_head_whose_job_agent_is_starting_waits_for_it(monkeypatch
     monkeypatch.setattr(submit, "AGENT_WAIT_S", 0.0)
     with pytest.raises(UserError, match=r"--address http://h:8265: the cluster's job agent did not come up in 0 s"):
         submit._submit_when_ready(_AgentComingUp(misses=10**6), "http://h:8265", entrypoint="x")
+
+
+@pytest.mark.parametrize("address,loopback", [("127.0.0.1:6379", True), ("localhost:6379", True), ("[::1]:6379", True),
+                                              ("10.0.0.5:6379", False), ("auto", False),
+                                              ("ray://127.0.0.1:10001", False)])
+def test_a_loopback_address_is_joined_on_loopback(address, loopback):
+    """A cluster bound to 127.0.0.1 (as the embedded one is) is joined with the driver on loopback too; Ray
+    otherwise dials the machine's LAN address and waits forever. End to end: the Optuna test's driver."""
+    from sweeps.runner import _on_loopback
+
+    assert _on_loopback(address) is loopback
+
+
+def test_the_lm_eval_task_index_is_rebuilt_when_a_task_yaml_changes(tmp_path):
+    """The index is cached per process, keyed by the include path's YAMLs and their times: an edited task is seen."""
+    import os
+
+    from trainer.evals.lm_harness import _yaml_stamps
+
+    assert _yaml_stamps(None) == ()
+    task = tmp_path / "sub" / "t.yaml"
+    task.parent.mkdir()
+    task.write_text("task: a\n")
+    (tmp_path / "notes.txt").write_text("not a task")
+    before = _yaml_stamps(str(tmp_path))
+    assert [name for name, _ in before] == [str(task)]
+    os.utime(task, ns=(before[0][1] + 10**9, before[0][1] + 10**9))
+    assert _yaml_stamps(str(tmp_path)) != before

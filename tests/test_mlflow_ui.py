@@ -91,7 +91,9 @@ def test_the_allowed_hosts_form_answers_its_names_and_the_runs_view_lists_the_ce
     """One server (each start is about 15 s) for two checks. The README's --allowed-hosts form answers its names and
     loopback, and the DNS-rebinding guard still refuses another name. Issue 27 §6: the printed runs page's stored
     view filters to the cells (the parent run, which has no metrics, was a row among them); a view stored before
-    keeps its order and gains the filter; `hdrope ui` prints the parent run's own page. SIGTERM ends it with 143."""
+    keeps its order and gains the filter; `hdrope ui` prints the parent run's own page. SIGTERM ends it with 143,
+    its server's whole process tree with it, and the port is free again. (Was also test_sweeps_e2e's
+    test_ui_serves_a_sweep_store_on_localhost, a server of its own.)"""
     import mlflow
 
     from sweeps.plan_file import find_plan
@@ -118,9 +120,18 @@ def test_the_allowed_hosts_form_answers_its_names_and_the_runs_view_lists_the_ce
         view = json.loads(exp.tags["mlflow.sharedViewState.hdrope-runs"])
         listed = client.search_runs([exp.experiment_id], filter_string=view["searchFilter"])
         everything = client.search_runs([exp.experiment_id])
+        tree = psutil.Process(ui.pid).children(recursive=True)
+        assert tree  # mlflow server, uvicorn, job consumers
+        ui.send_signal(signal.SIGTERM)  # what `hdrope ui` started, it stops
+        assert ui.wait(60) == 143
+        _, survivors = psutil.wait_procs(tree, timeout=20)
+        assert not _alive(survivors), [p.cmdline() for p in _alive(survivors)]
     finally:
         _stop(ui)
-    assert ui.returncode == 143 and "Traceback" not in ui.stderr.read()
+    assert "Traceback" not in ui.stderr.read()
+    from sweeps.mlflow_server import port_in_use
+
+    assert not port_in_use("127.0.0.1", port)
     assert view == {**stale, "searchFilter": "tags.role = 'cell'"}
     assert {r.info.run_id for r in listed} == cells  # the default list: the cells, one row each
     assert {r.info.run_id for r in everything} == cells | {parent}  # the parent is still in the experiment

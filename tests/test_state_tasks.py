@@ -37,6 +37,31 @@ def test_flipflop_reads_back_the_last_written_bit(task, ignore):
     assert abs(ignores - ignore) < 0.04  # 3600 instructions: the ignore share is the variant's
 
 
+@pytest.mark.parametrize(("task", "ignore", "ops"), [("flipflop", 0.8, 3), ("flipflop_dense", 0.1, 3),
+                                                   ("flipflop", 0.8, 6)])
+def test_flipflop_shortcuts_score_their_known_ceilings_and_trailing_ignores_defeat_them(task, ignore, ops):
+    """Two shortcuts a model may learn instead of flip-flop: the bit of the last instruction (right unless ignores
+    trail the last write, then a coin flip) and the bit of the first (always a write; right when no later one
+    writes, else a coin flip). With ignore probability i their accuracies are 1 - i/2 and i^(ops-1) +
+    (1 - i^(ops-1))/2: 0.95 and 0.505 on flipflop_dense at ops 3, 0.6 and 0.82 on flipflop at ops 3. The drawn
+    examples reach them within 4 binomial standard errors, and on the examples with trailing ignores
+    (`params["trailing"]`) the last-instruction shortcut is at 1/2."""
+    n = 4000
+    insts = draws(task, n=n, ops=ops)
+    trailing = np.array([inst.params["trailing"] for inst in insts])
+    assert all(t == ops - 1 - inst.needed[0] for t, inst in zip(trailing, insts, strict=True))
+    last_bit = np.array([inst.inserts[-1][1] == inst.answer[0] for inst in insts])
+    first_bit = np.array([inst.inserts[0][1] == inst.answer[0] for inst in insts])
+    p_trailing = ignore  # the last instruction is an ignore (it is never the first, which writes)
+    p_only_first = ignore ** (ops - 1)  # no write after the first
+    expected = {"last": 1 - p_trailing / 2, "first": p_only_first + (1 - p_only_first) / 2}
+    for name, hits in (("last", last_bit), ("first", first_bit)):
+        se = np.sqrt(expected[name] * (1 - expected[name]) / n)
+        assert abs(hits.mean() - expected[name]) < 4 * se, (name, hits.mean(), expected[name])
+    subset = last_bit[trailing > 0]
+    assert abs(subset.mean() - 0.5) < 4 * np.sqrt(0.25 / len(subset))
+
+
 def test_parity_and_cycle_answers_are_the_sum_of_their_inserts():
     for inst in draws("parity", ops=7):
         assert inst.answer == [str(sum(int(b) for _, b in inst.inserts) % 2)] and len(inst.inserts) == 7

@@ -146,7 +146,9 @@ def _draws_digest(tasks: list[str]) -> str:
 # the tasks of the stored studies (mqar apart), and the digest of the state-tracking tasks added after them
 ORIGINAL_TASKS = {"addition", "copy", "niah_multikey", "niah_multiquery", "niah_multivalue", "niah_single", "reverse",
                   "vartrack"}
-STATE_DIGEST = "e8c0e118007770fe"
+# flip-flop's params gained `trailing` (issue 36's second pilot); with it removed the draws give the earlier digest,
+# e8c0e118007770fe: the prompts and answers did not change
+STATE_DIGEST = "af438a3354c1a433"
 
 
 def test_the_draws_are_pinned():

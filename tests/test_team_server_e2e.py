@@ -105,7 +105,9 @@ def history(client, run_id: str, keys) -> dict[tuple[str, int], float]:
     return {(k, m.step): m.value for k in keys for m in client.get_metric_history(run_id, k)}
 
 
-def test_two_sweeps_share_a_postgres_backed_server_and_lose_nothing_when_it_restarts(tmp_path, cache_dir, postgres):
+def test_two_sweeps_share_a_postgres_backed_server_and_lose_nothing_when_it_restarts(tmp_path, cache_dir, postgres,
+                                                                                     shared_ray):
+    """Two drivers of their own, as two researchers' would be, joined to one running Ray (`--address`)."""
     from sweeps.mlflow_server import start_server
     from sweeps.procs import stop_tree
 
@@ -127,9 +129,9 @@ def test_two_sweeps_share_a_postgres_backed_server_and_lose_nothing_when_it_rest
                               concurrent=1, dump=False)
             logs[name] = tmp_path / f"{name}.log"
             with open(logs[name], "w") as log:
-                drivers[name] = subprocess.Popen([sys.executable, "-m", "sweeps.console", "sweep", "run", str(spec)],
-                                                 cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
-                                                 env=ray_env(env))
+                drivers[name] = subprocess.Popen([sys.executable, "-m", "sweeps.console", "sweep", "run", str(spec),
+                                                  "--address", shared_ray], cwd=tmp_path, stdout=log,
+                                                 stderr=subprocess.STDOUT, env=ray_env(env))
         cells = {name: tmp_path / name / "store" / name / "cells" for name in names}
 
         def written() -> dict[Path, int]:

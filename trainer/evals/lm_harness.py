@@ -119,7 +119,7 @@ def _yaml_stamps(include_path: str | None) -> tuple[tuple[str, int], ...]:
 @functools.lru_cache(maxsize=4)
 def _indexed_tasks(include_path: str | None, stamps: tuple[tuple[str, int], ...]) -> Any:
     """lm_eval's task index (every installed task plus include_path's), built once per process and YAML state: it
-    reads lm_eval's thousands of task YAMLs, about 10 s on one core."""
+    reads lm_eval's thousands of task YAMLs (docs/lm-eval.md)."""
     from lm_eval.tasks import TaskManager
 
     return TaskManager(include_path=include_path) if include_path else TaskManager()

@@ -44,8 +44,10 @@ def _flipflop(ignore: float):
         bits = [BITS[int(b)] for b in rng.integers(0, 2, size=p.ops)]
         inserts = [["@" if w else "&", b] for w, b in zip(writes, bits, strict=True)]
         last = int(np.flatnonzero(writes)[-1])
-        return Instance(inserts, ["@", "="], [bits[last]], {"ops": p.ops, "writes": int(writes.sum())},
-                        needed=[last])
+        # trailing: the ignores after the last write; where there are some, reading the last instruction's bit is a
+        # coin flip, so accuracy on those examples separates flip-flop from that shortcut (docs/tasks.md)
+        return Instance(inserts, ["@", "="], [bits[last]], {"ops": p.ops, "writes": int(writes.sum()),
+                                                            "trailing": p.ops - 1 - last}, needed=[last])
 
     return draw
 
