@@ -45,8 +45,10 @@ def trained_tiny(tmp_path_factory, cache_dir):
     return out, sorted((out / "checkpoints").glob("step_*"))[-1]
 
 
-@pytest.fixture
-def task_dir(tmp_path):
+@pytest.fixture(scope="module")
+def task_dir(tmp_path_factory):
+    """The local task, one folder for the module: lm-eval's task index is built once per include path and process."""
+    tmp_path = tmp_path_factory.mktemp("lm-task")
     data = tmp_path / "lab_toy.jsonl"
     data.write_text("".join(json.dumps({"context": c, "choices": ch, "label": lab}) + "\n" for c, ch, lab in DOCS))
     (tmp_path / "tasks").mkdir()

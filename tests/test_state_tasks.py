@@ -5,6 +5,7 @@ evaluation (greedy decoding, exact match and token accuracy)."""
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -114,3 +115,32 @@ def test_an_oracle_scores_1_and_a_format_guess_scores_the_chance_floor(builder, 
     tokacc = guess.metrics[task_metric("tokacc", task, 1.0)]
     assert abs(tokacc - floor) < 4 * (floor * (1 - floor) / samples) ** 0.5
     assert abs(guess.metrics[task_metric("tokskill", task, 1.0)]) < 0.2
+
+
+PILOT = Path(__file__).resolve().parents[1] / "experiments" / "pilots" / "state_tasks.csv"
+PILOT_LABELS = {"rope": "RoPE", "fox": "FoX", "nope": "NoPE"}
+
+
+def test_the_docs_quote_the_state_task_pilot_and_its_seed_sizing_from_its_file():
+    """docs/tasks.md's second-pilot table is experiments/pilots/state_tasks.csv, row by row, and the seeds it says a
+    FoX vs RoPE comparison needs are `seeds_needed` on that file's paired differences."""
+    import csv
+
+    from analysis.stats import seeds_needed
+
+    rows = list(csv.DictReader(PILOT.open()))
+    text = (PILOT.parents[2] / "docs" / "tasks.md").read_text()
+    for r in rows:
+        line = (f"| `{r['task']}` | {r['ops']} | {r['train_length']} | {r['steps']} | {PILOT_LABELS[r['kind']]} | "
+                f"{r['seed']} | {r['correct']}/{r['n']} | {r['correct_trailing']}/{r['n_trailing']} |")
+        assert line in text, line
+    dense = {(r["kind"], int(r["seed"])): int(r["correct"]) / int(r["n"]) for r in rows
+             if r["task"] == "flipflop_dense"}
+    diffs = [dense["fox", seed] - dense["rope", seed] for seed in (42, 43, 44, 45)]
+    sd = float(np.std(diffs, ddof=1))
+    assert f"spread of the paired differences {sd:.2f}" in text
+    at_05, at_01 = seeds_needed(0.2, sd, paired=True), seeds_needed(0.2, sd, paired=True, alpha=0.01)
+    assert f"asks for {at_05} pairs at α = 0.05 and {at_01} at 0.01" in text
+    assert f"{at_01} seeds of the\neight encodings" in text and f"are {8 * at_01} runs" in text
+    frontier = (PILOT.parents[2] / "docs" / "frontier-kinds.md").read_text()
+    assert f"needs {at_01} paired seeds per question" in frontier
