@@ -67,8 +67,10 @@ DEFAULT_RULE = AccuracyRule()
 
 
 def is_task_metric(metric: str) -> bool:
-    """Whether a metric belongs to the synthetic tasks (exact match, prompt count or per-token accuracy)."""
-    return bool(ACC_METRIC.match(metric)) or metric.startswith(("tokacc_", "tokskill_", "efflen_")) or \
+    """Whether a metric belongs to the synthetic tasks (exact match, prompt count, per-token accuracy, or exact
+    match on the examples a shortcut cannot answer)."""
+    return bool(ACC_METRIC.match(metric)) or metric.startswith(("tokacc_", "tokskill_", "efflen_", "hardacc_",
+                                                                "hardn_")) or \
         bool(re.match(r"^n_.+_x[0-9.]+$", metric))
 
 

@@ -117,6 +117,23 @@ def test_an_oracle_scores_1_and_a_format_guess_scores_the_chance_floor(builder, 
     assert abs(guess.metrics[task_metric("tokskill", task, 1.0)]) < 0.2
 
 
+def test_the_hard_subset_score_counts_the_examples_with_trailing_ignores(builder):
+    """Through the lab's evaluation at 512 prompts: `hardn_…` is the number of examples with trailing ignores (about 1
+    in 10 at ignore probability 0.1), on which the oracle's `hardacc_…` is 1 and a guesser's 1/2 within 4 standard
+    errors. (That the last-instruction shortcut is a coin flip there: the shortcut test above.)"""
+    from trainer.evals.tasks import task_examples
+
+    samples, train, task = 512, 48, "flipflop_dense"
+    hard = sum(TASKS[task].hard(ex.params) for ex in task_examples(builder, task, train, samples, 5))
+    assert 25 < hard < 80
+    oracle = score(builder, [task], train, samples, 5, knows=lambda d: True, factors=[1.0]).metrics
+    assert oracle[f"hardn_{task}_x1"] == hard and oracle[f"hardacc_{task}_x1"] == 1.0
+    guess = score(builder, [task], train, samples, 5, knows=lambda d: False, factors=[1.0]).metrics
+    assert guess[f"hardn_{task}_x1"] == hard and abs(guess[f"hardacc_{task}_x1"] - 0.5) < 4 * np.sqrt(0.25 / hard)
+    parity = score(builder, ["parity"], train, 8, 5, knows=lambda d: True, factors=[1.0]).metrics
+    assert "hardacc_parity_x1" not in parity  # only a task with a shortcut subset has one
+
+
 PILOT = Path(__file__).resolve().parents[1] / "experiments" / "pilots" / "state_tasks.csv"
 PILOT_LABELS = {"rope": "RoPE", "fox": "FoX", "nope": "NoPE"}
 

@@ -63,6 +63,7 @@ COST_METRICS = ("tokens_per_s", "mfu", "eval_s")
 # The per-(task, length factor) metrics of the task evaluation: exact-match accuracy, example count, per-token accuracy
 # and per-token accuracy corrected for its chance floor (0 at chance).
 TASK_METRICS = ("acc", "n", "tokacc", "tokskill")
+HARD_METRICS = ("hardacc", "hardn")  # exact match on the examples a shortcut cannot answer, and their count
 
 
 def factor_tag(f: float) -> str:
@@ -91,7 +92,7 @@ def metric_names(cfg: RunConfig) -> list[str]:
         names.append("passkey_acc")
     if cfg.data.tasks and cfg.eval.tasks.enabled:
         names += [task_metric(kind, task, f) for task in cfg.data.tasks for f in cfg.eval.tasks.length_factors
-                  for kind in TASK_METRICS]
+                  for kind in TASK_METRICS + (HARD_METRICS if TASKS[task].hard else ())]
     return names
 
 

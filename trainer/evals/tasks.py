@@ -13,6 +13,7 @@ can hold (`reach`).
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ import torch
 
 from trainer.config import TaskEvalConfig, task_metric
 from trainer.data.tasks.build import TaskBuilder, TaskExample
+from trainer.data.tasks.registry import TASKS
 from trainer.evals.evaluate import Autocast
 from trainer.model.generate import greedy_generate_batch
 from trainer.model.llama import Llama
@@ -57,7 +59,7 @@ def task_examples(builder: TaskBuilder, task: str, length: int, samples: int, se
 def evaluate_tasks(model: Llama, builder: TaskBuilder, tasks: list[str], seq_len: int, cfg: TaskEvalConfig,
                    seed: int, autocast: Autocast) -> TaskResult:
     """Exact-match, per-token and chance-corrected per-token accuracy of greedy answers for every task and length
-    factor."""
+    factor; for a task with a `hard` subset, exact match on that subset too."""
     was_training = model.training
     model.eval()
     rows: list[dict] = []
@@ -80,6 +82,10 @@ def evaluate_tasks(model: Llama, builder: TaskBuilder, tasks: list[str], seq_len
                 metrics[task_metric("n", task, factor)] = float(len(correct))
                 metrics[task_metric("tokacc", task, factor)] = float(np.mean([r["token_acc"] for r in here]))
                 metrics[task_metric("tokskill", task, factor)] = float(np.mean([r["token_skill"] for r in here]))
+                if hard := TASKS[task].hard:  # the examples its shortcut cannot answer
+                    on = [r["correct"] for ex, r in zip(examples, here, strict=True) if hard(ex.params)]
+                    metrics[task_metric("hardacc", task, factor)] = float(np.mean(on)) if on else math.nan
+                    metrics[task_metric("hardn", task, factor)] = float(len(on))
     finally:
         model.train(was_training)
     return TaskResult(metrics, rows)

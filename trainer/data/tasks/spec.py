@@ -73,7 +73,9 @@ class TaskSpec:
     across. `floor(params)` is the token accuracy of a guess that knows the answer's format but not the inserts'
     places: the level a chance-corrected token accuracy maps to 0. `answers`, for a task whose answer is one symbol,
     lists the symbols it can be: the format guess picks one of them at random (otherwise the guess is the answer's
-    own symbols in a random order)."""
+    own symbols in a random order). `hard(params)`, for a task a shortcut can score high on, says whether an
+    example defeats that shortcut: the evaluation then also reports the exact match on those examples alone
+    (`hardacc_<task>_x<f>`, with their count `hardn_…`)."""
 
     name: str
     doc: str
@@ -81,6 +83,7 @@ class TaskSpec:
     draw: Callable[[TaskParams, np.random.Generator], Instance]
     floor: Callable[[TaskParams], float]
     answers: tuple[str, ...] | None = None
+    hard: Callable[[dict[str, Any]], bool] | None = None
 
 
 def pick_floor(choices: int) -> float:

@@ -19,7 +19,7 @@ across the filler rather than retrieve one span.
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -89,13 +89,18 @@ def _selective_copy(p: TaskParams, rng: np.random.Generator) -> Instance:
     return Instance([["_", x] for x in s], ["_", "="], s, {"span": p.span})
 
 
+def _ignores_trail(params: dict[str, Any]) -> bool:
+    """Whether ignores follow the last write: there the last instruction's bit is a coin flip (docs/tasks.md)."""
+    return params["trailing"] > 0
+
+
 SPECS = (
     # floors: a random bit; a random place; a random element's label digit by digit (S_n: 1/n per digit); the
     # right keys in a random order
     TaskSpec("flipflop", "read back the last of `ops` sparse write/ignore instructions' written bit", ("ops",),
-             _flipflop(0.8), lambda p: 1 / len(BITS), BITS),
+             _flipflop(0.8), lambda p: 1 / len(BITS), BITS, _ignores_trail),
     TaskSpec("flipflop_dense", "flip-flop with dense writes (ignore probability 0.1)", ("ops",), _flipflop(0.1),
-             lambda p: 1 / len(BITS), BITS),
+             lambda p: 1 / len(BITS), BITS, _ignores_trail),
     TaskSpec("parity", "the parity of `ops` scattered bits", ("ops",), _parity, lambda p: 1 / len(BITS), BITS),
     TaskSpec("cycle", "the place reached by `ops` moves on a cycle of 5", ("ops",), _cycle, lambda p: 1 / CYCLE,
              DIGITS[:CYCLE]),
