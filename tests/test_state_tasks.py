@@ -153,12 +153,14 @@ def test_the_docs_quote_the_state_task_pilot_and_its_seed_sizing_from_its_file()
                 f"{r['seed']} | {r['correct']}/{r['n']} | {r['correct_trailing']}/{r['n_trailing']} | {rescored} |")
         assert line in text, line
     dense = {(r["kind"], int(r["seed"])): int(r["correct"]) / int(r["n"]) for r in rows
-             if r["task"] == "flipflop_dense"}
+             if r["task"] == "flipflop_dense" and r["steps"] == "1500"}
     diffs = [dense["fox", seed] - dense["rope", seed] for seed in (42, 43, 44, 45)]
     sd = float(np.std(diffs, ddof=1))
     assert f"spread of the paired differences {sd:.2f}" in text
     at_05, at_01 = seeds_needed(0.2, sd, paired=True), seeds_needed(0.2, sd, paired=True, alpha=0.01)
     assert f"asks for {at_05} pairs at α = 0.05 and {at_01} at 0.01" in text
-    assert f"{at_01} seeds of the\neight encodings" in text and f"are {8 * at_01} runs" in text
+    assert f"{at_01} seeds of the\nten encodings" in text and f"are {10 * at_01} runs" in text
+    spec = (PILOT.parents[1] / "tables" / "frontier_compact.yaml").read_text()
+    assert f"seed: [{', '.join(str(s) for s in range(42, 42 + at_01))}]" in spec and f"# - Seeds: {at_01}," in spec
     frontier = (PILOT.parents[2] / "docs" / "frontier-kinds.md").read_text()
     assert f"needs {at_01} paired seeds per question" in frontier
