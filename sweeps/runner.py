@@ -11,6 +11,7 @@ Layout of a sweep directory (storage/name):
 from __future__ import annotations
 
 import functools
+import ipaddress
 import os
 import sys
 import time
@@ -96,7 +97,12 @@ def _on_loopback(address: str) -> bool:
     if "://" in address:  # a Ray Client (ray://) address: the client starts no node of its own here
         return False
     host = address.rsplit(":", 1)[0].strip("[]")
-    return host in ("127.0.0.1", "localhost", "::1")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback  # 127.0.0.0/8 and ::1
+    except ValueError:  # a host name or `auto`
+        return False
 
 
 def _tuner(plan: Plan, uri: str, restore: bool, tracker: SweepTracker | None = None):

@@ -295,7 +295,8 @@ def test_a_submit_to_a_head_whose_job_agent_is_starting_waits_for_it(monkeypatch
         submit._submit_when_ready(_AgentComingUp(misses=10**6), "http://h:8265", entrypoint="x")
 
 
-@pytest.mark.parametrize("address,loopback", [("127.0.0.1:6379", True), ("localhost:6379", True), ("[::1]:6379", True),
+@pytest.mark.parametrize("address,loopback", [("127.0.0.1:6379", True), ("127.0.1.1:6379", True),
+                                              ("localhost:6379", True), ("[::1]:6379", True), ("head.lab:6379", False),
                                               ("10.0.0.5:6379", False), ("auto", False),
                                               ("ray://127.0.0.1:10001", False)])
 def test_a_loopback_address_is_joined_on_loopback(address, loopback):

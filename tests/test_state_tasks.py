@@ -118,18 +118,21 @@ def test_an_oracle_scores_1_and_a_format_guess_scores_the_chance_floor(builder, 
 
 
 def test_the_hard_subset_score_counts_the_examples_with_trailing_ignores(builder):
-    """Through the lab's evaluation at 512 prompts: `hardn_…` is the number of examples with trailing ignores (about 1
-    in 10 at ignore probability 0.1), on which the oracle's `hardacc_…` is 1 and a guesser's 1/2 within 4 standard
-    errors. (That the last-instruction shortcut is a coin flip there: the shortcut test above.)"""
+    """Through the lab's evaluation at frontier_compact's 1024 prompts, on 8 independent prompt sets: `hardn_…` is the
+    number of examples with trailing ignores (about 1 in 10 at ignore probability 0.1), on which the oracle's
+    `hardacc_…` is 1 and a guesser's 1/2 within 4 standard errors. (That the last-instruction shortcut is a coin flip
+    there: the shortcut test above.)"""
     from trainer.evals.tasks import task_examples
 
-    samples, train, task = 512, 48, "flipflop_dense"
-    hard = sum(TASKS[task].hard(ex.params) for ex in task_examples(builder, task, train, samples, 5))
-    assert 25 < hard < 80
-    oracle = score(builder, [task], train, samples, 5, knows=lambda d: True, factors=[1.0]).metrics
-    assert oracle[f"hardn_{task}_x1"] == hard and oracle[f"hardacc_{task}_x1"] == 1.0
-    guess = score(builder, [task], train, samples, 5, knows=lambda d: False, factors=[1.0]).metrics
-    assert guess[f"hardn_{task}_x1"] == hard and abs(guess[f"hardacc_{task}_x1"] - 0.5) < 4 * np.sqrt(0.25 / hard)
+    samples, train, task = 1024, 48, "flipflop_dense"
+    for seed in range(8):
+        hard = sum(TASKS[task].hard(ex.params) for ex in task_examples(builder, task, train, samples, seed))
+        assert 60 < hard < 150, (seed, hard)
+        oracle = score(builder, [task], train, samples, seed, knows=lambda d: True, factors=[1.0]).metrics
+        assert oracle[f"hardn_{task}_x1"] == hard and oracle[f"hardacc_{task}_x1"] == 1.0, seed
+        guess = score(builder, [task], train, samples, seed, knows=lambda d: False, factors=[1.0]).metrics
+        assert guess[f"hardn_{task}_x1"] == hard, seed
+        assert abs(guess[f"hardacc_{task}_x1"] - 0.5) < 4 * np.sqrt(0.25 / hard), (seed, guess[f"hardacc_{task}_x1"])
     parity = score(builder, ["parity"], train, 8, 5, knows=lambda d: True, factors=[1.0]).metrics
     assert "hardacc_parity_x1" not in parity  # only a task with a shortcut subset has one
 
@@ -162,5 +165,6 @@ def test_the_docs_quote_the_state_task_pilot_and_its_seed_sizing_from_its_file()
     assert f"{at_01} seeds of the\nten encodings" in text and f"are {10 * at_01} runs" in text
     spec = (PILOT.parents[1] / "tables" / "frontier_compact.yaml").read_text()
     assert f"seed: [{', '.join(str(s) for s in range(42, 42 + at_01))}]" in spec and f"# - Seeds: {at_01}," in spec
+    assert f"paired spread, {sd:.2f} for FoX vs RoPE" in spec
     frontier = (PILOT.parents[2] / "docs" / "frontier-kinds.md").read_text()
     assert f"needs {at_01} paired seeds per question" in frontier

@@ -172,25 +172,24 @@ SHIPPED = [str(p.relative_to(REPO)) for p in sorted(REPO.glob("experiments/table
 SHIPPED += ["sweeps/quickstart.yaml", "sweeps/ablation.yaml", "sweeps/paper_grid.yaml"]
 
 
+def _field(config, dotted: str):
+    """The value at a dotted key of a cell's typed config (attribute by attribute: no OmegaConf copy per cell)."""
+    for name in dotted.split("."):
+        config = config[name] if isinstance(config, dict) else getattr(config, name)
+    return config
+
+
 @pytest.mark.parametrize("path", SHIPPED)
 def test_shipped_specs_validate(path):
-    from omegaconf import OmegaConf
-
     from sweeps.plan import ALIASES
 
     plan = prepare(str(REPO / path))
     assert plan.cells and plan.to_run
-    seen: set[tuple[str, str]] = set()
     for c in plan.cells:  # every cell carries exactly its axis values (a mapping value: each of its keys)
-        pairs = {(k, repr(v)) for k, v in c.values.items()}
-        if pairs <= seen:  # each axis value is checked in the first cell that holds it (370 cells: 31 -> 17 s)
-            continue
-        seen |= pairs
-        structured = OmegaConf.structured(c.config)
         for k, v in c.values.items():
-            got = OmegaConf.select(structured, ALIASES.get(k, k))
+            got = _field(c.config, ALIASES.get(k, k))
             if isinstance(v, dict):
-                got = {key: got[key] for key in v}
+                got = {key: _field(got, key) for key in v}
             assert got == v, (c.cell_id, k)
 
 
