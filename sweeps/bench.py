@@ -5,8 +5,8 @@
   progress lines and the end-of-sweep reconciliation) at two sizes on one embedded Ray. The overhead per trial is
   the slope between them, (T_large - T_small) / (n_large - n_small); what is left of T_small is the fixed cost of a
   sweep (actor start-up, experiment set-up, results file).
-- **Training trials**: an 8-cell tiny grid under Tune vs the same cells back to back in one process, one thread
-  per trial in both arms, so the difference is what Tune adds to trials that train.
+- **Training trials**: a tiny grid (4 seeds x rotation dims 4 and 8: 8 cells) under Tune vs the same cells back to
+  back in one process, one thread per trial in both arms, so the difference is what Tune adds to trials that train.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def _tune(plan) -> float:
     return took
 
 
-def run_sweep_bench(steps: int = 30, concurrent: int = 1, small: int = 8, large: int = 32) -> dict:
+def run_sweep_bench(steps: int = 30, concurrent: int = 1, small: int = 8, large: int = 32, seeds: int = 4) -> dict:
     """Time both parts on one embedded Ray; returns the figures as a dict."""
     import ray
 
@@ -88,7 +88,7 @@ def run_sweep_bench(steps: int = 30, concurrent: int = 1, small: int = 8, large:
                         "between the two sizes); e.g. --small 8 --large 32")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        train_plan = _plan(folder, "train", 4, steps, concurrent, dims=(4, 8))
+        train_plan = _plan(folder, "train", seeds, steps, concurrent, dims=(4, 8))
         sequential = _train_back_to_back(train_plan)
         warmup = _plan(folder, "warmup", 2, 2, concurrent)
         empty = {n: _plan(folder, f"empty{n}", n, 2, concurrent) for n in (small, large)}
@@ -100,12 +100,13 @@ def run_sweep_bench(steps: int = 30, concurrent: int = 1, small: int = 8, large:
         try:
             _tune(warmup)  # warm-up: the first sweep in a process also pays Tune's and MLflow's imports
             empty_s = {n: _tune(empty[n]) for n in (small, large)}
-            tuned = _tune(_plan(folder, "tuned", 4, steps, concurrent, dims=(4, 8)))
+            tuned = _tune(_plan(folder, "tuned", seeds, steps, concurrent, dims=(4, 8)))
         finally:
             if started:
                 ray.shutdown()
     per_trial = (empty_s[large] - empty_s[small]) / (large - small)
-    return {"trials": 8, "steps_per_trial": steps, "max_concurrent": concurrent, "ray_startup_s": startup,
+    return {"trials": len(train_plan.to_run), "steps_per_trial": steps, "max_concurrent": concurrent,
+            "ray_startup_s": startup,
             "empty_trials": [small, large], "empty_s": [empty_s[small], empty_s[large]],
             "overhead_per_trial_s": per_trial, "fixed_per_sweep_s": empty_s[small] - small * per_trial,
             "mean_per_trial_s": empty_s[large] / large,
@@ -122,9 +123,11 @@ def main(argv: list[str]) -> int:
                    help="trials at once under Tune (1 compares like for like)")
     p.add_argument("--small", type=positive_int, default=8, help="empty trials in the smaller sweep")
     p.add_argument("--large", type=positive_int, default=32, help="empty trials in the larger sweep")
+    p.add_argument("--seeds", type=positive_int, default=4,
+                   help="seeds of the training grid (x rotation dims 4 and 8: 8 cells by default)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
-    r = run_sweep_bench(a.steps, a.concurrent, a.small, a.large)
+    r = run_sweep_bench(a.steps, a.concurrent, a.small, a.large, a.seeds)
     if a.json:
         print(json.dumps(r, indent=1))
         return 0

@@ -125,24 +125,6 @@ def sweep_trainer():
 
 
 @pytest.fixture
-def hdrope_cli():
-    """Run `hdrope ARGS...` in a subprocess; an embedded Ray it starts lives in a temp dir of its own (short,
-    for Unix socket paths), and the sweep driver stops it."""
-    import os
-    import subprocess
-    import sys
-    import tempfile
-
-    def run(*args: str, cwd, timeout: int = 900) -> subprocess.CompletedProcess:
-        env = {**os.environ, "HDROPE_RAY_TMPDIR": tempfile.mkdtemp(prefix="hdray-")}
-        return subprocess.run([sys.executable, "-m", "sweeps.console", *args], cwd=cwd, capture_output=True,
-                              text=True, timeout=timeout, env=env)
-
-    return run
-
-
-
-@pytest.fixture
 def hdrope_here(capsys, monkeypatch):
     """Run `hdrope ARGS...` through the console's own `main` in this process, in the directory `cwd`: its exit code,
     stdout and stderr as a CompletedProcess, without an interpreter start (about 3 s of imports each). For commands

@@ -10,9 +10,9 @@ from sweeps.console import main
 
 @pytest.mark.slow
 def test_bench_sweep_times_empty_trials_at_two_sizes_and_training_trials(cache_dir, shared_ray, capsys):
-    assert main(["bench", "sweep", "--steps", "1", "--small", "1", "--large", "2", "--json"]) == 0
+    assert main(["bench", "sweep", "--steps", "1", "--small", "1", "--large", "2", "--seeds", "1", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
-    assert r["empty_trials"] == [1, 2] and len(r["empty_s"]) == 2 and min(r["empty_s"]) > 0
+    assert r["trials"] == 2 and r["empty_trials"] == [1, 2] and len(r["empty_s"]) == 2 and min(r["empty_s"]) > 0
     slope = r["empty_s"][1] - r["empty_s"][0]
     assert r["overhead_per_trial_s"] == pytest.approx(slope)
     assert r["fixed_per_sweep_s"] == pytest.approx(r["empty_s"][0] - slope)

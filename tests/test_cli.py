@@ -127,3 +127,22 @@ def test_help_dispatches_without_importing_torch():
     import hdrope  # the public names still resolve, on first use
 
     assert hdrope.HDRotary.__name__ == "HDRotary" and not issubclass(hdrope.UserError, ValueError)
+
+
+def test_the_console_script_exits_without_teardown_yet_runs_exit_handlers_threads_and_flushes():
+    """`cli()` skips the interpreter's module teardown (1-2.5 s after torch, MLflow and Ray), but what a normal exit
+    does for the user still happens: its exit code, a running thread finished, exit handlers run, output flushed."""
+    code = ("import atexit, sys, threading, time\n"
+            "from sweeps import console\n"
+            "atexit.register(lambda: print('handler ran'))\n"
+            "threading.Thread(target=lambda: (time.sleep(0.3), print('thread done'))).start()\n"
+            "sys.stdout.write('unflushed ')\n"
+            "sys.argv = ['hdrope', *sys.argv[1:]]\n"
+            "console.cli()\n"
+            "print('not reached')\n")
+    ok = subprocess.run([sys.executable, "-c", code, "bases", "--max-n", "4"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith("unflushed ") and "\nidentity  2 " in ok.stdout
+    assert ok.stdout.rstrip().endswith("thread done\nhandler ran") and "not reached" not in ok.stdout
+    bad = subprocess.run([sys.executable, "-c", code, "frobnicate"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown command" in bad.stderr and "handler ran" in bad.stdout

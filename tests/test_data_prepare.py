@@ -74,45 +74,46 @@ def test_shard_stream_slices_across_boundaries():
         assert np.array_equal(stream[a:b], whole[a:b])
 
 
-def _prepare_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sweeps.console", "data", "prepare", *args, "--no-progress"],
-                          capture_output=True, text=True, timeout=300)
+@pytest.fixture
+def prepare_cli(hdrope_here):
+    """`hdrope data prepare ARGS --no-progress` in this process (a run killed mid-way is a process of its own)."""
+    return lambda *args: hdrope_here(["data", "prepare", *args, "--no-progress"])
 
 
-def test_interrupted_prepare_resumes_to_byte_identical_shards(tmp_path):
+def test_interrupted_prepare_resumes_to_byte_identical_shards(tmp_path, prepare_cli):
     paths = _write_corpus(tmp_path / "corpus", docs=300, seed=1)
     common = ["data.corpus=files", f"data.paths=[{paths[0]},{paths[1]}]", f"data.cache_dir={tmp_path / 'cache'}",
               "--shard-tokens", "40000", "--format", "bin", "--workers", "2"]
-    whole = _prepare_cli(*common, "--out", str(tmp_path / "whole"))
+    whole = prepare_cli(*common, "--out", str(tmp_path / "whole"))
     assert whole.returncode == 0, whole.stderr
     assert "tokens/s" in whole.stdout
-    cut = _prepare_cli(*common, "--out", str(tmp_path / "cut"), "--max-shards", "4")
+    cut = prepare_cli(*common, "--out", str(tmp_path / "cut"), "--max-shards", "4")
     assert cut.returncode == 0 and "rerun" in cut.stdout, cut.stderr
     partial = json.loads((tmp_path / "cut" / MANIFEST).read_text())
     assert not partial["complete"] and len(partial["shards"]) == 4
     names = sorted(p.name for p in (tmp_path / "whole").iterdir())
     assert len(names) > 10
     # a second interruption, then a shard damaged while the run was down: it is re-made, the others kept
-    assert _prepare_cli(*common, "--out", str(tmp_path / "cut"), "--max-shards", "2").returncode == 0
+    assert prepare_cli(*common, "--out", str(tmp_path / "cut"), "--max-shards", "2").returncode == 0
     damaged = tmp_path / "cut" / "train-000001.bin"
     damaged.write_bytes(b"\0" * damaged.stat().st_size)
-    done = _prepare_cli(*common, "--out", str(tmp_path / "cut"))
+    done = prepare_cli(*common, "--out", str(tmp_path / "cut"))
     assert done.returncode == 0, done.stderr
     assert "kept from an earlier run" in done.stdout
     assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == names
     for name in names:
         assert (tmp_path / "cut" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
-    again = _prepare_cli(*common, "--out", str(tmp_path / "cut"))
+    again = prepare_cli(*common, "--out", str(tmp_path / "cut"))
     assert again.returncode == 0 and "already complete" in again.stdout
 
 
-def test_prepare_killed_mid_run_resumes_to_byte_identical_shards(tmp_path):
+def test_prepare_killed_mid_run_resumes_to_byte_identical_shards(tmp_path, prepare_cli):
     paths = _write_corpus(tmp_path / "corpus", docs=600, seed=4)
     tok_path = tmp_path / "tokenizer.json"
     train_bpe([(tmp_path / "corpus" / "c0.txt").read_text()], 300, tok_path)
     common = ["data.corpus=files", f"data.paths=[{paths[0]},{paths[1]}]", f"data.tokenizer={tok_path}",
               "--shard-tokens", "5000", "--workers", "1"]
-    assert _prepare_cli(*common, "--out", str(tmp_path / "whole")).returncode == 0
+    assert prepare_cli(*common, "--out", str(tmp_path / "whole")).returncode == 0
     cmd = [sys.executable, "-m", "sweeps.console", "data", "prepare", *common, "--out", str(tmp_path / "killed"),
            "--no-progress"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -126,7 +127,7 @@ def test_prepare_killed_mid_run_resumes_to_byte_identical_shards(tmp_path):
     proc.send_signal(signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL, "prepare finished before it could be killed"
     assert not json.loads(manifest.read_text())["complete"]
-    done = _prepare_cli(*common, "--out", str(tmp_path / "killed"))
+    done = prepare_cli(*common, "--out", str(tmp_path / "killed"))
     assert done.returncode == 0, done.stderr
     names = sorted(p.name for p in (tmp_path / "whole").iterdir())
     assert sorted(p.name for p in (tmp_path / "killed").iterdir()) == names
@@ -168,12 +169,13 @@ def test_training_from_shards_equals_training_in_memory(small_shards, tiny_cfg):
     assert sharded.metrics["val_bpb"] == pytest.approx(memory.metrics["val_bpb"], rel=1e-12)
 
 
-def _train_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sweeps.console", "train", "tiny", *args, "--no-progress"],
-                          capture_output=True, text=True)
+@pytest.fixture
+def train_cli(hdrope_here):
+    """`hdrope train tiny ARGS --no-progress` in this process."""
+    return lambda *args: hdrope_here(["train", "tiny", *args, "--no-progress"])
 
 
-def test_hdrope_train_from_shards_and_corrupt_shard_exits_2(small_shards, tmp_path, cache_dir):
+def test_hdrope_train_from_shards_and_corrupt_shard_exits_2(small_shards, tmp_path, cache_dir, train_cli):
     root, _ = small_shards
     shards = tmp_path / "copy"
     shards.mkdir()
@@ -181,18 +183,18 @@ def test_hdrope_train_from_shards_and_corrupt_shard_exits_2(small_shards, tmp_pa
         (shards / f.name).write_bytes(f.read_bytes())
     args = ["data.corpus=shards", f"data.shards_dir={shards}", "train.steps=4", "train.eval_every=0",
             "eval.passkey.enabled=false", f"train.out_dir={tmp_path / 'run'}"]
-    ok = _train_cli(*args)
+    ok = train_cli(*args)
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["step"] == 4
     target = shards / "train-000002.npy"
     data = bytearray(target.read_bytes())
     data[-1] ^= 0xFF
     target.write_bytes(bytes(data))
-    bad = _train_cli(*args, f"train.out_dir={tmp_path / 'run2'}")
+    bad = train_cli(*args, f"train.out_dir={tmp_path / 'run2'}")
     assert bad.returncode == 2
     assert "train-000002.npy" in bad.stderr and "sha256" in bad.stderr and "hdrope data prepare" in bad.stderr
     (shards / MANIFEST).write_text("{not json")
-    bad = _train_cli(*args, f"train.out_dir={tmp_path / 'run3'}")
+    bad = train_cli(*args, f"train.out_dir={tmp_path / 'run3'}")
     assert bad.returncode == 2 and "manifest.json" in bad.stderr and "hdrope data prepare" in bad.stderr
 
 

@@ -101,16 +101,15 @@ def test_bad_builder_inputs_exit_2(tmp_path, args, match):
     assert out.returncode == 2 and match in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
-def test_evaluator_scores_a_checkpoint_into_a_parquet_table(tmp_path, tiny_cfg, cache_dir):
+def test_evaluator_scores_a_checkpoint_into_a_parquet_table(tmp_path, tiny_cfg, cache_dir, hdrope_here):
     from trainer.run.loop import train
 
     run = train(tiny_cfg("train.steps=4", "eval.passkey.enabled=false", "eval.extrapolation_batches=0"))
     build_dataset(ByteTokenizer(), BuildConfig(**{**MULTI, "max_len": 768, "lines_per_file": 1}), tmp_path / "ds",
                   cache_dir=cache_dir)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    out = subprocess.run([sys.executable, "-m", "sweeps.console", "passkey", "eval", str(run.checkpoint),
-                          str(tmp_path / "ds"), "--no-progress", "--tracking-uri", uri],
-                         capture_output=True, text=True, timeout=600)
+    out = hdrope_here(["passkey", "eval", str(run.checkpoint), str(tmp_path / "ds"), "--no-progress",
+                       "--tracking-uri", uri])
     assert out.returncode == 0, out.stderr[-2000:]
     from trainer.evals.passkey.table import PASSKEY_SCHEMA, read_passkey_table
 

@@ -4,8 +4,6 @@ questions only (every other comparison exploratory and unmarked), and the seeds 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -151,12 +149,10 @@ def test_seed_advice_sizes_the_declared_family(tmp_path):
         question_advice(pilot, planned_frame(plan), plan.spec.questions, 0.01, metric="val_loss")
 
 
-def test_sweep_plan_detect_says_it_sized_the_declared_family(tmp_path):
+def test_sweep_plan_detect_says_it_sized_the_declared_family(tmp_path, hdrope_here):
     plan = make_plan(load_spec(_spec(tmp_path)))
     pilot = _pilot(tmp_path, _results(plan).assign(status="FINISHED"))
-    out = subprocess.run([sys.executable, "-m", "sweeps.console", "sweep", "plan", str(_spec(tmp_path)),
-                          "--detect", "0.05", "--pilot", str(pilot)], cwd=REPO, capture_output=True, text=True,
-                         timeout=300)
+    out = hdrope_here(["sweep", "plan", str(_spec(tmp_path)), "--detect", "0.05", "--pilot", str(pilot)], cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert "sized for the spec's declared family: 2 questions" in out.stdout
     assert "Holm over the plan's 2 comparisons" in out.stdout

@@ -2,8 +2,6 @@
 console), and a cell that finished without a metric never prints 'nan'."""
 
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -44,14 +42,13 @@ def test_a_dump_with_spoofed_column_types_is_refused(tiny_sweep, tmp_path):
         load_profiles(prof)
 
 
-def test_report_refuses_a_truncated_passkey_table_naming_it(tiny_sweep, tmp_path):
+def test_report_refuses_a_truncated_passkey_table_naming_it(tiny_sweep, tmp_path, hdrope_here):
     sweep = tmp_path / "copy"
     shutil.copytree(tiny_sweep, sweep, ignore=shutil.ignore_patterns("report"))
     cell = sweep_cells(sweep).iloc[0]
     path = cell["passkey_path"]
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    out = subprocess.run([sys.executable, "-m", "sweeps.console", "report", str(sweep)], capture_output=True,
-                         text=True, timeout=600)
+    out = hdrope_here(["report", str(sweep)])
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert str(path) in out.stderr and "unreadable passkey table" in out.stderr and "rerun the cell" in out.stderr
 

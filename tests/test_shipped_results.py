@@ -3,8 +3,6 @@ the docs quote from a shipped study is a generated block checked against its fil
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -128,13 +126,11 @@ def test_docs_blocks_are_regenerated_and_checked(shipped, tmp_path):
     assert problems([doc], results) == [] and regenerate([doc], results) == [] and doc.read_text() == example
 
 
-def test_report_from_results_runs_from_the_files_alone(shipped, tmp_path):
-    out = subprocess.run([sys.executable, "-m", "sweeps.console", "report", "--from-results", str(shipped)],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+def test_report_from_results_runs_from_the_files_alone(shipped, tmp_path, hdrope_here):
+    out = hdrope_here(["report", "--from-results", str(shipped)], cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("# Study report: tinysweep") and "## Verdicts" in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "sweeps.console", "report", "--from-results", str(tmp_path)],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    bad = hdrope_here(["report", "--from-results", str(tmp_path)], cwd=REPO)
     assert bad.returncode == 2 and "not a shipped study" in bad.stderr and "Traceback" not in bad.stderr
 
 

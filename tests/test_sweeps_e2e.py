@@ -111,20 +111,62 @@ def mlflow_server(tmp_path_factory):
     proc.wait(30)
 
 
-def test_local_grid_logs_one_run_per_cell_to_a_real_mlflow_server(tmp_path, cache_dir, mlflow_server, hdrope_here):
+def test_two_node_cluster_runs_a_submitted_sweep(tmp_path, cache_dir):
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    gcs, dash = free_port(), free_port()
+    head_dir, worker_dir = tempfile.mkdtemp(prefix="hdrh-"), tempfile.mkdtemp(prefix="hdrw-")
+    repo = Path(__file__).resolve().parent.parent
+    before = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True).stdout
+    def own_ports() -> list[str]:  # Ray's fixed defaults (agent 52365, metrics) collide with any other Ray here
+        return [f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}",
+                f"--runtime-env-agent-port={free_port()}"]
+
+    try:
+        head = subprocess.run(["ray", "start", "--head", f"--port={gcs}", "--dashboard-host=127.0.0.1",
+                               f"--dashboard-port={dash}", "--num-cpus=1", "--include-dashboard=true",
+                               f"--ray-client-server-port={free_port()}", *own_ports(), f"--temp-dir={head_dir}"],
+                              env=env, capture_output=True, text=True, timeout=180)
+        assert head.returncode == 0, head.stderr[-2000:]
+        worker = subprocess.run(["ray", "start", f"--address=127.0.0.1:{gcs}", "--num-cpus=1", *own_ports(),
+                                 f"--temp-dir={worker_dir}"], env=env, capture_output=True, text=True, timeout=180)
+        assert worker.returncode == 0, worker.stderr[-2000:]
+        job_dir = tmp_path / "job"  # the job's working dir: the spec alone (the code is installed on the nodes)
+        job_dir.mkdir()
+        spec = job_dir / "twonode.yaml"
+        spec.write_text(write_spec(tmp_path, "twonode", steps=10, dims="[4]").read_text())  # 2 cells, 2 trials
+        out = hdrope("sweep", "submit", str(spec), "--address", f"http://127.0.0.1:{dash}", "--working-dir",
+                     str(job_dir), cwd=tmp_path, env=env, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        job_id = out.stdout.strip().splitlines()[-1]
+        assert job_id.startswith("raysubmit_")
+        # one client process of its own (Ray reads its auth mode once per process) asks every second until the job ends
+        code = (f"import time\nfrom sweeps.submit import job_status\n"
+                f"while (s := job_status('http://127.0.0.1:{dash}', '{job_id}')) not in ('SUCCEEDED', 'FAILED', "
+                f"'STOPPED'):\n    time.sleep(1)\nprint(s)")
+        ended = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=400)
+        assert ended.stdout.strip() == "SUCCEEDED", ended.stdout + ended.stderr[-3000:]
+        _, runs, _ = cell_runs(f"sqlite:///{tmp_path / 'store' / 'twonode' / 'mlflow.db'}", "twonode")
+        assert len(runs) == 2 and all(r.info.status == "FINISHED" for r in runs)
+    finally:
+        stop_cluster(head_dir, worker_dir)
+    assert subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True).stdout == before
+
+
+def test_local_grid_logs_one_run_per_cell_to_a_real_mlflow_server(tmp_path, cache_dir, mlflow_server, shared_ray,
+                                                                  hdrope_here):
+    """In this process on its shared Ray (the embedded Ray's own start, stop and quiet output: the crash tests)."""
     # task windows in the batches (made by a producer process forked in each Ray trial) and the strided loss
     extra = {"data.tasks": "[copy]", "data.task_ratio": 0.5, "eval.tasks.samples": 4,
              "eval.tasks.length_factors": "[1, 2]", "eval.sliding_stride": 32, "train.batch_producer": "process"}
     spec = write_spec(tmp_path, "e2e", uri=mlflow_server, extra=extra)
-    out = hdrope("sweep", "run", str(spec), cwd=tmp_path)
+    out = hdrope_here(["sweep", "run", str(spec)], cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     # before Ray: the plan summary and an estimate; during: one line per trial event with step of total and ETA
     assert "4 cells, 3 trials to train (1 saved by dedup)" in out.stderr and "estimated time: about" in out.stderr
     assert re.search(r"4D-Paley-θ10000-s42 +step +\d+/20 +eta", out.stderr), out.stderr[-3000:]
     assert "TensorBoard" not in out.stderr and "Creating initial MLflow database tables" not in out.stderr
-    # Tune's own output and Ray's token-auth notice are off; each line counts the trial in its new state
+    # Tune's own output is off; each line counts the trial in its new state
     assert "Configuration for experiment" not in out.stdout + out.stderr
-    assert "Token authentication is enabled" not in out.stdout + out.stderr
     events = [line for line in out.stderr.splitlines() if re.search(r"\] \S+ +(started|finished)", line)]
     assert re.search(r"started +\(1 running, 2 pending\)$", events[0]), events
     assert events[-1].endswith("(3 done)"), events
@@ -197,47 +239,6 @@ def _wait_for(predicate, timeout, what):
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-def test_two_node_cluster_runs_a_submitted_sweep(tmp_path, cache_dir):
-    env = {**os.environ, "RAY_AUTH_MODE": "token"}
-    gcs, dash = free_port(), free_port()
-    head_dir, worker_dir = tempfile.mkdtemp(prefix="hdrh-"), tempfile.mkdtemp(prefix="hdrw-")
-    repo = Path(__file__).resolve().parent.parent
-    before = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True).stdout
-    def own_ports() -> list[str]:  # Ray's fixed defaults (agent 52365, metrics) collide with any other Ray here
-        return [f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}",
-                f"--runtime-env-agent-port={free_port()}"]
-
-    try:
-        head = subprocess.run(["ray", "start", "--head", f"--port={gcs}", "--dashboard-host=127.0.0.1",
-                               f"--dashboard-port={dash}", "--num-cpus=1", "--include-dashboard=true",
-                               f"--ray-client-server-port={free_port()}", *own_ports(), f"--temp-dir={head_dir}"],
-                              env=env, capture_output=True, text=True, timeout=180)
-        assert head.returncode == 0, head.stderr[-2000:]
-        worker = subprocess.run(["ray", "start", f"--address=127.0.0.1:{gcs}", "--num-cpus=1", *own_ports(),
-                                 f"--temp-dir={worker_dir}"], env=env, capture_output=True, text=True, timeout=180)
-        assert worker.returncode == 0, worker.stderr[-2000:]
-        job_dir = tmp_path / "job"  # the job's working dir: the spec alone (the code is installed on the nodes)
-        job_dir.mkdir()
-        spec = job_dir / "twonode.yaml"
-        spec.write_text(write_spec(tmp_path, "twonode", steps=10, dims="[4]").read_text())  # 2 cells, 2 trials
-        out = hdrope("sweep", "submit", str(spec), "--address", f"http://127.0.0.1:{dash}", "--working-dir",
-                     str(job_dir), cwd=tmp_path, env=env, timeout=300)
-        assert out.returncode == 0, out.stderr[-3000:]
-        job_id = out.stdout.strip().splitlines()[-1]
-        assert job_id.startswith("raysubmit_")
-        # one client process of its own (Ray reads its auth mode once per process) asks every second until the job ends
-        code = (f"import time\nfrom sweeps.submit import job_status\n"
-                f"while (s := job_status('http://127.0.0.1:{dash}', '{job_id}')) not in ('SUCCEEDED', 'FAILED', "
-                f"'STOPPED'):\n    time.sleep(1)\nprint(s)")
-        ended = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=400)
-        assert ended.stdout.strip() == "SUCCEEDED", ended.stdout + ended.stderr[-3000:]
-        _, runs, _ = cell_runs(f"sqlite:///{tmp_path / 'store' / 'twonode' / 'mlflow.db'}", "twonode")
-        assert len(runs) == 2 and all(r.info.status == "FINISHED" for r in runs)
-    finally:
-        stop_cluster(head_dir, worker_dir)
-    assert subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True).stdout == before
 
 
 def test_optuna_search_runs_and_keeps_its_study_in_a_journal(tmp_path, cache_dir, shared_ray):
