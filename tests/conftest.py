@@ -19,8 +19,8 @@ torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, tor
 LONG_FIRST = ("test_sweeps_e2e.py", "test_sweep_crashes_e2e.py", "test_workers_e2e.py", "test_team_server_e2e.py",
               "test_mlflow_ui.py",
               "test_distributed.py", "test_lm_eval.py", "test_shipped_results.py", "test_analysis.py",
-              "test_mlflow_browser.py", "test_docs_examples.py", "test_bench_sweep.py", "test_train.py",
-              "test_data_prepare.py", "test_trust.py", "test_trust_e2e.py")
+              "test_mlflow_browser.py", "test_docs_examples.py", "test_train.py",
+              "test_data_prepare.py", "test_trust.py")
 
 
 def pytest_collection_modifyitems(items: list) -> None:

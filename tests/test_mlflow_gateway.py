@@ -5,15 +5,8 @@ checkpoint, end on one MLflow run that carries the model's config hash, encoding
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-
-
-def _hdrope(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "sweeps.console", *args], capture_output=True, text=True,
-                          timeout=600, cwd=cwd)
 
 
 def test_an_experiment_is_made_once_with_artifacts_beside_a_local_store(tmp_path):
@@ -29,7 +22,7 @@ def test_an_experiment_is_made_once_with_artifacts_beside_a_local_store(tmp_path
     assert made.tags[EXPERIMENT_KIND_TAG]
 
 
-def test_train_and_passkey_eval_land_on_one_run_with_the_models_identity(tmp_path, cache_dir):
+def test_train_and_passkey_eval_land_on_one_run_with_the_models_identity(tmp_path, cache_dir, hdrope_here):
     import mlflow
 
     from trainer.config import config_hash
@@ -41,13 +34,13 @@ def test_train_and_passkey_eval_land_on_one_run_with_the_models_identity(tmp_pat
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     overrides = ["train.steps=4", "eval.passkey.enabled=false", "eval.extrapolation_batches=0",
                  f"data.cache_dir={cache_dir}", f"train.out_dir={tmp_path / 'run'}"]
-    out = _hdrope("train", "tiny", *overrides, "--tracking-uri", uri, "--no-progress", cwd=tmp_path)
+    out = hdrope_here(["train", "tiny", *overrides, "--tracking-uri", uri, "--no-progress"], cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     ckpt = max((tmp_path / "run" / "checkpoints").glob("step_*"))
     build_dataset(ByteTokenizer(), BuildConfig(multi_token=True, v_min=10000, v_max=99999, max_len=512,
                                                lines_per_file=1), tmp_path / "ds", cache_dir=cache_dir)
-    out = _hdrope("passkey", "eval", str(ckpt), str(tmp_path / "ds"), "--no-progress", "--tracking-uri", uri,
-                  cwd=tmp_path)
+    out = hdrope_here(["passkey", "eval", str(ckpt), str(tmp_path / "ds"), "--no-progress", "--tracking-uri", uri],
+                      cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
 
     client = mlflow.MlflowClient(uri)

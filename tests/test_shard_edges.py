@@ -306,14 +306,14 @@ def test_two_prepares_at_once_one_writes_and_the_other_is_refused_or_finds_it_do
 
 @pytest.mark.slow
 def test_tiny_shards_take_linear_time(tmp_path):
-    paths = _write_corpus(tmp_path / "corpus", docs=12, seed=6)  # 67k byte tokens: 13k shards
+    paths = _write_corpus(tmp_path / "corpus", docs=6, seed=6)  # 35k byte tokens: 7k shards
     cfg = DataConfig(corpus="files", paths=paths, cache_dir=str(tmp_path / "cache"))
     start = time.perf_counter()
     res = prepare_shards(cfg, tmp_path / "shards", shard_tokens=5)
     took = time.perf_counter() - start
     tokens = sum(e["tokens"] for e in res.manifest["shards"])
-    assert res.complete and 50_000 < tokens < 90_000 and len(res.manifest["shards"]) > 10_000
-    assert took < 60, f"{tokens} tokens in 5-token shards took {took:.1f} s"  # 15 s here; quadratic: hours
+    assert res.complete and 25_000 < tokens < 50_000 and len(res.manifest["shards"]) > 5_000, tokens
+    assert took < 60, f"{tokens} tokens in 5-token shards took {took:.1f} s"  # 5 s here; quadratic: tens of minutes
     memory = cached_tokens(load_corpus(cfg), ByteTokenizer(), cfg.cache_dir)
     shards = load_shards(str(tmp_path / "shards"), ByteTokenizer(), cfg.cache_dir)
     assert np.array_equal(np.asarray(shards.train), memory.train)
