@@ -87,12 +87,13 @@ def test_bench_rotary_small_run_reports_ratios(tmp_path):
         assert r["fwd_vs_rope"] == pytest.approx(r["fwd_ms"] / rope["fwd_ms"], rel=1e-2)
 
 
-def test_bench_encodings_lists_every_kind_side_by_side(tmp_path):
+def test_bench_encodings_lists_every_kind_side_by_side(tmp_path, hdrope_here):
     from trainer.model.bench import SDPA
     from trainer.model.position import POSITION_ENCODINGS
 
     out = tmp_path / "e.json"
-    run("bench", "encodings", "--shape", "1", "2", "32", "64", "--rounds", "1", "--json", str(out))
+    assert hdrope_here(["bench", "encodings", "--shape", "1", "2", "32", "64", "--rounds", "1", "--json", str(out)]
+                       ).returncode == 0
     rows = {r["encoding"]: r for r in json.loads(out.read_text())}
     assert len(rows) == len(POSITION_ENCODINGS) + 2  # every kind, plus HD-RoPE compiled and fused SDPA (for CoPE)
     assert {"RoPE", "4D Paley eager", "4D Paley compiled", "FoPE", "ALiBi", "NoPE", "CoPE", SDPA} <= set(rows)
@@ -107,9 +108,9 @@ def test_import_trainer_pulls_in_no_ray_or_sweeps():
     assert out.strip() == "[]"
 
 
-def test_bench_train_prints_side_by_side_ratios():
-    out = run("bench", "train", "--preset", "tiny", "--dims", "4", "--rounds", "2", "--batch", "2", "--json",
-              "--kinds", "t5_bias", "cope").stdout
+def test_bench_train_prints_side_by_side_ratios(hdrope_here):
+    out = hdrope_here(["bench", "train", "--preset", "tiny", "--dims", "4", "--rounds", "2", "--batch", "2", "--json",
+                       "--kinds", "t5_bias", "cope"]).stdout
     res = json.loads(out)
     rows = {r["variant"]: r for r in res["rows"]}
     assert set(rows) == {"rope", "4D-paley", "4D-paley-fused", "hf-llama", "t5_bias", "cope"}

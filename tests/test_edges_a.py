@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import shutil
 import string
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -123,12 +121,11 @@ def test_train_refuses_a_directory_of_the_users_own_files_before_writing(tiny_cf
     refuse_foreign_run_dir(retried)
 
 
-def test_train_into_a_users_directory_is_exit_2_on_the_cli(tmp_path, cache_dir):
+def test_train_into_a_users_directory_is_exit_2_on_the_cli(tmp_path, cache_dir, hdrope_here):
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("mine")
-    proc = subprocess.run([sys.executable, "-m", "sweeps.console", "train", "tiny", f"train.out_dir={mine}",
-                           f"data.cache_dir={cache_dir}"], capture_output=True, text=True, timeout=300)
+    proc = hdrope_here(["train", "tiny", f"train.out_dir={mine}", f"data.cache_dir={cache_dir}"])
     assert proc.returncode == 2 and "notes.txt" in proc.stderr and "train.out_dir" in proc.stderr, proc.stderr[-800:]
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
 
@@ -192,13 +189,12 @@ def test_a_huge_value_digits_is_refused_at_once_naming_the_largest_that_fits():
 # --- case 11: a task parameter on a spec axis is checked per cell at plan time ------------------------------------
 
 
-def test_sweep_plan_refuses_a_cell_whose_task_does_not_fit_before_ray(tmp_path, cache_dir):
+def test_sweep_plan_refuses_a_cell_whose_task_does_not_fit_before_ray(tmp_path, cache_dir, hdrope_here):
     spec = tmp_path / "tasks.yaml"
     spec.write_text(f"name: taskaxis\nbase: tiny\nstorage: {tmp_path / 'store'}\noverrides:\n"
                     f"  data.cache_dir: {cache_dir}\n  data.tasks: [niah_single]\n  data.task_ratio: 0.5\n"
                     "axes:\n  data.task_params.value_digits: [1, 40]\n  seed: [1, 2]\n")
-    proc = subprocess.run([sys.executable, "-m", "sweeps.console", "sweep", "plan", str(spec)], capture_output=True,
-                          text=True, timeout=300)
+    proc = hdrope_here(["sweep", "plan", str(spec)])
     assert proc.returncode == 2, proc.stdout[-800:] + proc.stderr[-800:]
     assert "value_digits=40" in proc.stderr and "smallest niah_single example" in proc.stderr
     assert "data.task_params.value_digits=30" in proc.stderr  # the largest that fits 64 + 1 tokens

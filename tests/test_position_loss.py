@@ -3,9 +3,6 @@ the window count; and an evaluation length the validation data cannot supply (ex
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -59,11 +56,11 @@ def test_window_counts_keep_stored_runs_and_a_set_count_applies_at_every_length(
     assert config_hash(cfg) != before
 
 
-def test_an_evaluation_length_the_validation_split_cannot_supply_exits_2_and_writes_nothing(cache_dir, tmp_path):
+def test_an_evaluation_length_the_validation_split_cannot_supply_exits_2_and_writes_nothing(cache_dir, tmp_path,
+                                                                                           hdrope_here):
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "sweeps.console", "train", "tiny", f"data.cache_dir={cache_dir}",
-                           f"train.out_dir={out}", "eval.extrapolation=[2,4,100000]"],
-                          capture_output=True, text=True, timeout=300)
+    proc = hdrope_here(["train", "tiny", f"data.cache_dir={cache_dir}", f"train.out_dir={out}",
+                        "eval.extrapolation=[2,4,100000]"])
     assert proc.returncode == 2, proc.stderr
     line = proc.stderr.strip().splitlines()[-1]
     assert "eval.extrapolation=[2, 4, 100000]" in line and "largest factor that fits is" in line

@@ -250,12 +250,11 @@ def test_a_bin_shard_whose_size_does_not_fit_its_dtype(work, tmp_path, capsys):
     assert len(load_shards(str(out), ByteTokenizer(), cache).val) > 0
 
 
-def test_hdrope_train_on_a_manifest_with_a_string_tokenizer_exits_2(work, tmp_path):
+def test_hdrope_train_on_a_manifest_with_a_string_tokenizer_exits_2(work, tmp_path, hdrope_here):
     _, shards, _ = work
     _edit_manifest(shards, lambda m: m.update(tokenizer="bytes"))
-    out = subprocess.run([sys.executable, "-m", "sweeps.console", "train", "tiny", "data.corpus=shards",
-                          f"data.shards_dir={shards}", f"train.out_dir={tmp_path / 'run'}", "--no-progress"],
-                         capture_output=True, text=True, timeout=300)
+    out = hdrope_here(["train", "tiny", "data.corpus=shards", f"data.shards_dir={shards}",
+                       f"train.out_dir={tmp_path / 'run'}", "--no-progress"])
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert f'{shards / MANIFEST}: tokenizer is "bytes", not a JSON object' in out.stderr
 

@@ -3,7 +3,6 @@ metrics against tasks.parquet, and bad input refused before a run writes anythin
 
 import dataclasses
 import string
-import subprocess
 import sys
 
 import numpy as np
@@ -193,10 +192,9 @@ def test_bad_task_settings_are_refused_naming_the_field(tiny_cfg, overrides, mat
         tiny_cfg(*overrides)
 
 
-def test_an_unknown_task_is_exit_2_on_the_cli_and_writes_nothing(tmp_path, cache_dir):
+def test_an_unknown_task_is_exit_2_on_the_cli_and_writes_nothing(tmp_path, cache_dir, hdrope_here):
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "sweeps.console", "train", "tiny", "data.tasks=[nope]",
-                           f"train.out_dir={out}", f"data.cache_dir={cache_dir}"], capture_output=True, text=True)
+    proc = hdrope_here(["train", "tiny", "data.tasks=[nope]", f"train.out_dir={out}", f"data.cache_dir={cache_dir}"])
     assert proc.returncode == 2 and "data.tasks" in proc.stderr and "nope" in proc.stderr and "mqar" in proc.stderr
     assert not out.exists()
 
