@@ -168,3 +168,42 @@ def test_the_docs_quote_the_state_task_pilot_and_its_seed_sizing_from_its_file()
     assert f"paired spread, {sd:.2f} for FoX vs RoPE" in spec
     frontier = (PILOT.parents[2] / "docs" / "frontier-kinds.md").read_text()
     assert f"needs {at_01} paired seeds per question" in frontier
+
+
+WIDTH_PILOT = PILOT.parent / "state_tasks_width.csv"
+
+
+def test_the_docs_quote_the_width_pilot_from_its_file():
+    """docs/tasks.md's third-pilot table is experiments/pilots/state_tasks_width.csv row by row; each run was scored on
+    the same 1024 prompts as the width-64 run of its seed (the same count with trailing ignores); the seeds the docs
+    say track the last write are those whose hard-subset score beats a coin flip at α = 0.05."""
+    import csv
+
+    from scipy.stats import binomtest
+
+    rows = list(csv.DictReader(WIDTH_PILOT.open()))
+    text = (PILOT.parents[2] / "docs" / "tasks.md").read_text()
+    narrow = {r["seed"]: r["n1024_trailing"] for r in csv.DictReader(PILOT.open())
+              if r["steps"] == "1500" and r["task"] == "flipflop_dense" and r["kind"] == "rope"}
+    assert all(r["n_trailing"] == narrow[r["seed"]] for r in rows)  # the width-64 runs' 1024 prompts, seed by seed
+    tracking: dict[str, list[str]] = {}
+    for r in rows:
+        line = (f"| `{r['task']}` | {r['ops']} | {r['dim']} | {r['steps']} | {PILOT_LABELS[r['kind']]} | {r['seed']} | "
+                f"{r['correct']}/{r['n']} | {r['correct_trailing']}/{r['n_trailing']} |")
+        assert line in text, line
+        p = binomtest(int(r["correct_trailing"]), int(r["n_trailing"]), 0.5, alternative="greater").pvalue
+        tracking.setdefault(PILOT_LABELS[r["kind"]], []).extend([r["seed"]] if p < 0.05 else [])
+    said = "; ".join(f"{label} seeds {', '.join(seeds) or 'none'}" for label, seeds in tracking.items())
+    assert f"above a coin flip on trailing ignores (one-sided binomial, α = 0.05): {said}." in text
+    hard = {(r["kind"], r["seed"]): int(r["correct_trailing"]) / int(r["n_trailing"]) for r in rows}
+    seeds = sorted({seed for kind, seed in hard if kind == "fox"} & {seed for kind, seed in hard if kind == "rope"})
+    if seeds:  # FoX beside RoPE on shared seeds: the paired spread that sizes the study on this design
+        from analysis.stats import seeds_needed
+
+        sd = float(np.std([hard["fox", s] - hard["rope", s] for s in seeds], ddof=1))
+        n = seeds_needed(0.2, sd, paired=True, alpha=0.01)
+        assert f"over the {len(seeds)} shared seeds has a spread of the paired differences {sd:.3f}" in text
+        assert f"`seeds_needed` asks for {n} pairs at α = 0.01" in text
+        assert f"the study needs {n} paired seeds at α = 0.01: {10 * n} runs of the ten" in " ".join(text.split())
+        frontier = (PILOT.parents[2] / "docs" / "frontier-kinds.md").read_text()
+        assert f"at {n} paired seeds per question" in " ".join(frontier.split())
