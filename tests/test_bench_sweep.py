@@ -1,8 +1,6 @@
 """`hdrope bench sweep` refuses bad sizes before any work (its run through the real Tune path: test_sweeps_e2e.py,
 on the shared Ray of the sweeps there)."""
 
-
-
 from sweeps.console import main
 
 

@@ -74,25 +74,26 @@ import numpy, torch  # what nearly every block imports: paid once here, before a
 for request in sys.stdin:
     job = json.loads(request)
     child = os.fork()
-    if child == 0:
-        os.setsid()
-        folder = os.path.dirname(job["script"])
-        os.chdir(folder)
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        for fd, name in ((1, job["out"]), (2, job["err"])):
-            os.dup2(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-        sys.argv, sys.path[0] = [job["script"]], folder
-        code = 0
+    if child == 0:  # whatever happens here, the child ends here: it never reads the next request
+        code = 1
         try:
+            os.setsid()
+            folder = os.path.dirname(job["script"])
+            os.chdir(folder)
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            for fd, name in ((1, job["out"]), (2, job["err"])):
+                os.dup2(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+            sys.argv, sys.path[0] = [job["script"]], folder
             runpy.run_path(job["script"], run_name="__main__")
+            code = 0
         except SystemExit as stop:
             code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
         except BaseException:
             traceback.print_exc()
-            code = 1
-        atexit._run_exitfuncs()  # what the block registered (a Ray it started stops here)
-        sys.stdout.flush(); sys.stderr.flush()
-        os._exit(code)
+        finally:
+            atexit._run_exitfuncs()  # what the block registered (a Ray it started stops here)
+            sys.stdout.flush(); sys.stderr.flush()
+            os._exit(code)
     deadline = time.monotonic() + job["timeout"]
     while (done := os.waitpid(child, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
         time.sleep(0.02)
