@@ -162,12 +162,6 @@ def test_the_docs_quote_the_state_task_pilot_and_its_seed_sizing_from_its_file()
     assert f"spread of the paired differences {sd:.2f}" in text
     at_05, at_01 = seeds_needed(0.2, sd, paired=True), seeds_needed(0.2, sd, paired=True, alpha=0.01)
     assert f"asks for {at_05} pairs at α = 0.05 and {at_01} at 0.01" in text
-    assert f"{at_01} seeds of the\nten encodings" in text and f"are {10 * at_01} runs" in text
-    spec = (PILOT.parents[1] / "tables" / "frontier_compact.yaml").read_text()
-    assert f"seed: [{', '.join(str(s) for s in range(42, 42 + at_01))}]" in spec and f"# - Seeds: {at_01}," in spec
-    assert f"paired spread, {sd:.2f} for FoX vs RoPE" in spec
-    frontier = (PILOT.parents[2] / "docs" / "frontier-kinds.md").read_text()
-    assert f"needs {at_01} paired seeds per question" in frontier
 
 
 WIDTH_PILOT = PILOT.parent / "state_tasks_width.csv"
@@ -204,6 +198,69 @@ def test_the_docs_quote_the_width_pilot_from_its_file():
         n = seeds_needed(0.2, sd, paired=True, alpha=0.01)
         assert f"over the {len(seeds)} shared seeds has a spread of the paired differences {sd:.3f}" in text
         assert f"`seeds_needed` asks for {n} pairs at α = 0.01" in text
-        assert f"the study needs {n} paired seeds at α = 0.01: {10 * n} runs of the ten" in " ".join(text.split())
+        assert f"the hard-subset score sizes the comparison at {n} pairs at α = 0.01" in " ".join(text.split())
         frontier = (PILOT.parents[2] / "docs" / "frontier-kinds.md").read_text()
         assert f"at {n} paired seeds per question" in " ".join(frontier.split())
+        # the frontier study's first stage is sized on it: n fresh seeds after the pilot's
+        spec = (PILOT.parent.parent / "tables" / "frontier_fox_compact.yaml").read_text()
+        assert f"seed: [{', '.join(str(s) for s in range(46, 46 + n))}]" in spec and f"# - Seeds: {n}," in spec
+        assert f"paired spread on this metric ({sd:.3f})" in " ".join(w for w in spec.split() if w != "#")
+        full = " ".join(w for w in (PILOT.parent.parent / "tables" / "frontier_compact.yaml").read_text().split()
+                        if w != "#")
+        assert f"(the third pilot's 4 seeds gave {sd:.3f} and {n})" in full
+
+
+def test_the_frontier_studys_first_stage_trains_the_full_studys_cells():
+    """Every trial of frontier_fox_compact is the trial of the same seed and kind in frontier_compact (the same
+    config hash), so its shipped results are that study's cells; and it declares the one pair the pilot sized."""
+    from sweeps.plan import make_plan
+    from sweeps.spec import load_spec
+
+    tables = PILOT.parent.parent / "tables"
+    full = {c.config_hash for c in make_plan(load_spec(tables / "frontier_compact.yaml")).cells}
+    stage = make_plan(load_spec(tables / "frontier_fox_compact.yaml"))
+    assert len(stage.cells) == 32 and {c.config_hash for c in stage.cells} <= full
+    assert [(q.variant, q.reference, q.metric) for q in stage.spec.questions] == [
+        ("FoX", "RoPE", "hardacc_flipflop_dense_x1")]
+
+
+STAGE = PILOT.parent.parent / "results" / "frontier_fox_compact" / "cells.csv"
+
+
+def test_the_docs_quote_the_frontier_stage_and_size_the_full_study_from_its_file():
+    """docs/tasks.md's reading of the shipped first stage (runs above a coin flip on trailing ignores, seeds where
+    FoX leads, its best run, the difference 16 seeds could see) is experiments/results/frontier_fox_compact/cells.csv;
+    and frontier_compact's seeds are `seeds_needed` at α = 0.01 on that file's paired spread."""
+    import csv
+
+    from scipy.stats import binomtest
+
+    from analysis.stats import detectable_difference, seeds_needed
+
+    hard: dict[tuple[str, int], tuple[int, int]] = {}
+    tracking = {"RoPE": 0, "FoX": 0}
+    for r in csv.DictReader(STAGE.open()):
+        n = int(float(r["hardn_flipflop_dense_x1"]))
+        k = round(float(r["hardacc_flipflop_dense_x1"]) * n)
+        hard[r["pe_label"], int(r["seed"])] = (k, n)
+        tracking[r["pe_label"]] += binomtest(k, n, 0.5, alternative="greater").pvalue < 0.05
+    seeds = sorted({seed for _, seed in hard})
+    assert seeds == list(range(46, 62)) and len(hard) == 32
+    diffs = [hard["FoX", s][0] / hard["FoX", s][1] - hard["RoPE", s][0] / hard["RoPE", s][1] for s in seeds]
+    sd = float(np.std(diffs, ddof=1))
+    best = max(hard, key=lambda key: hard[key][0] / hard[key][1])
+    text = " ".join((PILOT.parents[2] / "docs" / "tasks.md").read_text().split())
+    assert (f"RoPE tracks the last write in {tracking['RoPE']} of 16 seeds and FoX in {tracking['FoX']}. FoX's "
+            f"hard-subset score is above RoPE's in {sum(d > 0 for d in diffs)} of 16 seeds") in text
+    assert best[0] == "FoX" and f"seed {best[1]}, scores {hard[best][0]}/{hard[best][1]} on the hard" in text
+    assert f"a difference under about {detectable_difference(sd, 16, paired=True):.2f} would likely go unseen" in text
+    n01, n05 = seeds_needed(0.2, sd, paired=True, alpha=0.01), seeds_needed(0.2, sd, paired=True)
+    assert f"is {sd:.3f}, larger than the third pilot's" in text
+    assert f"asks for {n01} pairs at α = 0.01 ({n05} at 0.05)" in text and f"The spec now holds {n01} seeds" in text
+    assert f"the whole study, {10 * n01} trials" in text and f"the {10 * n01 - 32} trials not yet run" in text
+    spec = (PILOT.parent.parent / "tables" / "frontier_compact.yaml").read_text()
+    assert f"seed: [{', '.join(str(s) for s in range(46, 46 + n01))}]" in spec and f"# - Seeds: {n01}," in spec
+    frontier = " ".join((PILOT.parents[2] / "docs" / "frontier-kinds.md").read_text().split())
+    assert f"the whole study needs {n01} seeds" in frontier
+    comments = " ".join(w for w in spec.split() if w != "#")  # the comment's lines as one
+    assert f"16 seeds, {sd:.3f} for FoX vs RoPE" in comments and f"so the {10 * n01 - 32} trials left" in comments
