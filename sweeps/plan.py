@@ -161,15 +161,16 @@ def _layer(items: dict[str, Any]):
 
 
 def cell_config(spec: SweepSpec, values: dict[str, Any], name: str, out_dir: Path,
-                base: DictConfig | None = None) -> RunConfig:
+                base: DictConfig | None = None, overrides: DictConfig | None = None) -> RunConfig:
     """The full RunConfig of one cell: base preset, spec overrides, the cell's axis values, sweep wiring.
 
-    `base` is the preset's layer when the caller already loaded it (a plan loads it once for all cells)."""
+    `base` and `overrides` are the preset's and the spec overrides' layers when the caller already built them (a
+    plan builds them once for all cells; merging never changes a layer)."""
     wiring: dict[str, Any] = {"name": name, "train.out_dir": str(out_dir)}
     if spec.checkpoint_every:
         wiring["train.ckpt_every"] = spec.checkpoint_every
-    layers = [base if base is not None else preset_layer(spec.base), _layer(spec.overrides), _layer(values),
-              _layer(wiring)]
+    layers = [base if base is not None else preset_layer(spec.base),
+              overrides if overrides is not None else _layer(spec.overrides), _layer(values), _layer(wiring)]
     cfg = merge_config(layers, where=f"cell {name}")
     if metric_driven(spec) and spec.search.metric in ("val_loss", "val_bpb"):
         cfg.train.eval_every = cfg.train.log_every  # the searcher/scheduler sees the metric in every report
@@ -313,11 +314,15 @@ def _dump_problems(cfg: RunConfig) -> list[str]:
 def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
     """Resolve and validate every cell; SpecError lists every problem with its cell, key, value and fix."""
     problems = _check_spec(spec)
-    base = None
+    base = overrides = None
     try:
         base = preset_layer(spec.base)
     except UserError as err:
         problems.append(f"base: {err}")
+    try:
+        overrides = _layer(spec.overrides)
+    except UserError as err:
+        problems.append(str(err))
     if problems:
         raise SpecError(source, problems)
     root = sweep_dir(spec)
@@ -330,7 +335,7 @@ def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
         cell_id = cell_id[:100]
         where = f"cell {cell_id} ({', '.join(f'{k}={v!r}' for k, v in values.items()) or 'no axes'})"
         try:
-            cfg = cell_config(spec, values, cell_id, root / "cells" / cell_id, base)
+            cfg = cell_config(spec, values, cell_id, root / "cells" / cell_id, base, overrides)
         except UserError as err:
             problems.append(f"{where}: {str(err).split(': ', 1)[-1]}")
             continue
@@ -348,7 +353,7 @@ def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
             for value in (list(dim.choices) if dim.type == "categorical" else [dim.low, dim.high]):
                 value = int(value) if dim.type == "int" else value
                 try:
-                    probe = cell_config(spec, {key: value}, "probe", root / "cells" / "probe", base)
+                    probe = cell_config(spec, {key: value}, "probe", root / "cells" / "probe", base, overrides)
                     errs = config_errors(probe) or task_fit_problems(probe)
                 except UserError as err:
                     errs = [str(err).split(": ", 1)[-1]]
