@@ -322,7 +322,7 @@ def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
     try:
         overrides = _layer(spec.overrides)
     except UserError as err:
-        problems.append(str(err))
+        problems.append(f"overrides: {str(err).split(': ', 1)[-1]}")
     if problems:
         raise SpecError(source, problems)
     root = sweep_dir(spec)

@@ -141,6 +141,20 @@ PILOT = Path(__file__).resolve().parents[1] / "experiments" / "pilots" / "state_
 PILOT_LABELS = {"rope": "RoPE", "fox": "FoX", "nope": "NoPE"}
 
 
+def _beats_a_coin_flip(correct: int, n: int) -> bool:
+    """The docs' per-run reading of tracking: the hard prompts' exact match above 1/2 (one-sided binomial, α 0.05)."""
+    from scipy.stats import binomtest
+
+    return binomtest(correct, n, 0.5, alternative="greater").pvalue < 0.05
+
+
+def _paired_spread(score: dict, variant: str, reference: str) -> float:
+    """The standard deviation over shared seeds of score[variant, seed] − score[reference, seed]."""
+    seeds = sorted({s for k, s in score if k == variant} & {s for k, s in score if k == reference})
+    assert len(seeds) >= 2, (variant, reference, seeds)
+    return float(np.std([score[variant, s] - score[reference, s] for s in seeds], ddof=1))
+
+
 def test_the_docs_quote_the_state_task_pilot_and_its_seed_sizing_from_its_file():
     """docs/tasks.md's second-pilot table is experiments/pilots/state_tasks.csv, row by row, and the seeds it says a
     FoX vs RoPE comparison needs are `seeds_needed` on that file's paired differences."""
@@ -157,8 +171,7 @@ def test_the_docs_quote_the_state_task_pilot_and_its_seed_sizing_from_its_file()
         assert line in text, line
     dense = {(r["kind"], int(r["seed"])): int(r["correct"]) / int(r["n"]) for r in rows
              if r["task"] == "flipflop_dense" and r["steps"] == "1500"}
-    diffs = [dense["fox", seed] - dense["rope", seed] for seed in (42, 43, 44, 45)]
-    sd = float(np.std(diffs, ddof=1))
+    sd = _paired_spread(dense, "fox", "rope")  # seeds 42-45
     assert f"spread of the paired differences {sd:.2f}" in text
     at_05, at_01 = seeds_needed(0.2, sd, paired=True), seeds_needed(0.2, sd, paired=True, alpha=0.01)
     assert f"asks for {at_05} pairs at α = 0.05 and {at_01} at 0.01" in text
@@ -173,7 +186,7 @@ def test_the_docs_quote_the_width_pilot_from_its_file():
     say track the last write are those whose hard-subset score beats a coin flip at α = 0.05."""
     import csv
 
-    from scipy.stats import binomtest
+    from analysis.stats import seeds_needed
 
     rows = list(csv.DictReader(WIDTH_PILOT.open()))
     text = (PILOT.parents[2] / "docs" / "tasks.md").read_text()
@@ -185,29 +198,25 @@ def test_the_docs_quote_the_width_pilot_from_its_file():
         line = (f"| `{r['task']}` | {r['ops']} | {r['dim']} | {r['steps']} | {PILOT_LABELS[r['kind']]} | {r['seed']} | "
                 f"{r['correct']}/{r['n']} | {r['correct_trailing']}/{r['n_trailing']} |")
         assert line in text, line
-        p = binomtest(int(r["correct_trailing"]), int(r["n_trailing"]), 0.5, alternative="greater").pvalue
-        tracking.setdefault(PILOT_LABELS[r["kind"]], []).extend([r["seed"]] if p < 0.05 else [])
+        tracks = _beats_a_coin_flip(int(r["correct_trailing"]), int(r["n_trailing"]))
+        tracking.setdefault(PILOT_LABELS[r["kind"]], []).extend([r["seed"]] if tracks else [])
     said = "; ".join(f"{label} seeds {', '.join(seeds) or 'none'}" for label, seeds in tracking.items())
     assert f"above a coin flip on trailing ignores (one-sided binomial, α = 0.05): {said}." in text
     hard = {(r["kind"], r["seed"]): int(r["correct_trailing"]) / int(r["n_trailing"]) for r in rows}
-    seeds = sorted({seed for kind, seed in hard if kind == "fox"} & {seed for kind, seed in hard if kind == "rope"})
-    if seeds:  # FoX beside RoPE on shared seeds: the paired spread that sizes the study on this design
-        from analysis.stats import seeds_needed
-
-        sd = float(np.std([hard["fox", s] - hard["rope", s] for s in seeds], ddof=1))
-        n = seeds_needed(0.2, sd, paired=True, alpha=0.01)
-        assert f"over the {len(seeds)} shared seeds has a spread of the paired differences {sd:.3f}" in text
-        assert f"`seeds_needed` asks for {n} pairs at α = 0.01" in text
-        assert f"the hard-subset score sizes the comparison at {n} pairs at α = 0.01" in " ".join(text.split())
-        frontier = (PILOT.parents[2] / "docs" / "frontier-kinds.md").read_text()
-        assert f"at {n} paired seeds per question" in " ".join(frontier.split())
-        # the frontier study's first stage is sized on it: n fresh seeds after the pilot's
-        spec = (PILOT.parent.parent / "tables" / "frontier_fox_compact.yaml").read_text()
-        assert f"seed: [{', '.join(str(s) for s in range(46, 46 + n))}]" in spec and f"# - Seeds: {n}," in spec
-        assert f"paired spread on this metric ({sd:.3f})" in " ".join(w for w in spec.split() if w != "#")
-        full = " ".join(w for w in (PILOT.parent.parent / "tables" / "frontier_compact.yaml").read_text().split()
-                        if w != "#")
-        assert f"(the third pilot's 4 seeds gave {sd:.3f} and {n})" in full
+    sd = _paired_spread(hard, "fox", "rope")  # FoX beside RoPE on shared seeds: what sizes the study on this design
+    n = seeds_needed(0.2, sd, paired=True, alpha=0.01)
+    assert f"over the 4 shared seeds has a spread of the paired differences {sd:.3f}" in text
+    assert f"`seeds_needed` asks for {n} pairs at α = 0.01" in text
+    assert f"the hard-subset score sizes the comparison at {n} pairs at α = 0.01" in " ".join(text.split())
+    frontier = (PILOT.parents[2] / "docs" / "frontier-kinds.md").read_text()
+    assert f"at {n} paired seeds per question" in " ".join(frontier.split())
+    # the frontier study's first stage is sized on it: n fresh seeds after the pilot's
+    spec = (PILOT.parent.parent / "tables" / "frontier_fox_compact.yaml").read_text()
+    assert f"seed: [{', '.join(str(s) for s in range(46, 46 + n))}]" in spec and f"# - Seeds: {n}," in spec
+    assert f"paired spread on this metric ({sd:.3f})" in " ".join(w for w in spec.split() if w != "#")
+    full = " ".join(w for w in (PILOT.parent.parent / "tables" / "frontier_compact.yaml").read_text().split()
+                    if w != "#")
+    assert f"(the third pilot's 4 seeds gave {sd:.3f} and {n})" in full
 
 
 def test_the_frontier_studys_first_stage_trains_the_full_studys_cells():
@@ -238,8 +247,6 @@ def test_the_docs_quote_the_frontier_stage_and_size_the_full_study_from_its_file
     and frontier_compact's seeds are `seeds_needed` at α = 0.01 on that file's paired spread."""
     import csv
 
-    from scipy.stats import binomtest
-
     from analysis.stats import detectable_difference, seeds_needed
 
     hard: dict[tuple[str, int], tuple[int, int]] = {}
@@ -248,11 +255,15 @@ def test_the_docs_quote_the_frontier_stage_and_size_the_full_study_from_its_file
         n = int(float(r["hardn_flipflop_dense_x1"]))
         k = round(float(r["hardacc_flipflop_dense_x1"]) * n)
         hard[r["pe_label"], int(r["seed"])] = (k, n)
-        tracking[r["pe_label"]] += binomtest(k, n, 0.5, alternative="greater").pvalue < 0.05
+        tracking[r["pe_label"]] += _beats_a_coin_flip(k, n)
     seeds = sorted({seed for _, seed in hard})
     assert seeds == list(range(46, 62)) and len(hard) == 32
-    diffs = [hard["FoX", s][0] / hard["FoX", s][1] - hard["RoPE", s][0] / hard["RoPE", s][1] for s in seeds]
-    sd = float(np.std(diffs, ddof=1))
+    rate = {key: k / n for key, (k, n) in hard.items()}
+    diffs = [rate["FoX", s] - rate["RoPE", s] for s in seeds]
+    sd = _paired_spread(rate, "FoX", "RoPE")
+    pilot = {(r["kind"], r["seed"]): int(r["correct_trailing"]) / int(r["n_trailing"])
+             for r in csv.DictReader(WIDTH_PILOT.open())}
+    assert sd > _paired_spread(pilot, "fox", "rope")  # "larger than the third pilot's four seeds gave"
     best = max(hard, key=lambda key: hard[key][0] / hard[key][1])
     text = " ".join((PILOT.parents[2] / "docs" / "tasks.md").read_text().split())
     assert (f"RoPE tracks the last write in {tracking['RoPE']} of 16 seeds and FoX in {tracking['FoX']}. FoX's "
