@@ -11,6 +11,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from hdrope.errors import UserError
+from trainer.model.attention.simple import attend, logits
 from trainer.model.encodings.base import EncodingShape
 from trainer.model.encodings.t5_bias import t5_bucket
 from trainer.model.position import (
@@ -116,16 +117,16 @@ def test_cope_counts_positions_by_gates_and_interpolates_its_embeddings():
     q = torch.zeros(1, 2, 10, 8)
     q[..., 0] = 1.0
     k, v = torch.zeros(1, 1, 10, 8), torch.randn(1, 1, 10, 8)
-    logits = enc.logits(q, k, 0, 1)
+    got = logits(enc, q, k, 0, 1)
     i, j = torch.meshgrid(torch.arange(10.0), torch.arange(10.0), indexing="ij")
     want = ((i - j + 1) / 2).clamp(max=7) / math.sqrt(8)
     causal = j <= i
-    torch.testing.assert_close(logits[0, 0][causal], want[causal])
-    assert torch.isinf(logits[0, 0][~causal]).all()
-    out = enc.attend(q, k, v, 0, 1)
+    torch.testing.assert_close(got[0, 0][causal], want[causal])
+    assert torch.isinf(got[0, 0][~causal]).all()
+    out = attend(enc, q, k, v, 0, 1)
     probs = torch.softmax(want.masked_fill(~causal, float("-inf")), dim=-1)
     torch.testing.assert_close(out[0, 1], probs @ v[0, 0])
-    assert enc.logits(q, k, 0, 0).masked_fill(~causal, 0).abs().max() == 0  # layer 0's embeddings are still zero
+    assert logits(enc, q, k, 0, 0).masked_fill(~causal, 0).abs().max() == 0  # layer 0's embeddings are still zero
 
 
 def test_cope_counts_the_flops_of_its_position_logits():
@@ -134,41 +135,13 @@ def test_cope_counts_the_flops_of_its_position_logits():
     s = 16
     q, k = torch.randn(1, 2, s, 8), torch.randn(1, 1, s, 8)
     with FlopCounterMode(display=False) as counter:
-        enc.logits(q, k, 0, 0)
+        logits(enc, q, k, 0, 0)
     attention = 2 * 2 * s * s * 8  # q·k of both heads, the attention's own product
     per_token_forward = (counter.get_total_flops() - attention) / s
     assert encoding_flops(pe, SHAPE) == pytest.approx(3 * per_token_forward * SHAPE.n_layers)
 
 
 # --- bad input, identity, export ---------------------------------------------------------------------------------
-
-@pytest.mark.parametrize(("kind", "shared", "builds"), [
-    ("t5_bias", True, 1), ("t5_bias", False, 3), ("kerple", True, 1), ("fire", False, 3), ("alibi", None, 1)])
-def test_a_forward_builds_a_shared_bias_mask_once_with_the_same_outputs_and_gradients(kind, shared, builds):
-    from trainer.model.llama import Llama, ModelArgs
-
-    pe = pe_config_class(kind)(kind=kind, **({} if shared is None else {"shared": shared}))
-    torch.manual_seed(0)
-    model = Llama(ModelArgs(vocab_size=50, dim=16, n_layers=3, n_heads=2, n_kv_heads=1, ffn_hidden=32,
-                            max_seq_len=16, pe=pe))
-    calls = []
-    plain = type(model.pe).score_bias
-    model.pe.score_bias = lambda *a, **k: calls.append(a[2] if len(a) > 2 else 0) or plain(model.pe, *a, **k)
-    tokens = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(1))
-    grads = []
-    for memo in (True, False):
-        if not memo:  # the reference: every layer builds its own mask
-            model.pe.attend = lambda q, k, v, past, layer=0, masks=None, state=None: type(model.pe).attend(
-                model.pe, q, k, v, past, layer, None)
-        calls.clear()
-        model.zero_grad()
-        for _ in range(2):  # two forwards before the backward (gradient accumulation): no mask crosses forwards
-            model(tokens).square().mean().backward()
-        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
-        assert len(calls) == (2 * builds if memo else 2 * 3)
-    # equal up to the order the layers' gradients are summed in (one mask tensor gathers them all)
-    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-8) for a, b in zip(*grads, strict=True))
-
 
 @pytest.mark.parametrize(("overrides", "message"), [
     (["model.pe.kind=t5_bias", "model.pe.num_buckets=1"], r"model\.pe\.num_buckets=1: must be an integer >= 2"),

@@ -51,8 +51,7 @@ def test_dump_rows_are_softmax_maps_with_matching_statistics(tmp_path):
     # recompute layer 0, head 1's profile from the model's own q, k
     cap = {}
     model(tokens, capture=cap)
-    q, k, _ = cap[0]
-    k = k.repeat_interleave(2, dim=1)
+    q, k = cap[0].q, cap[0].k.repeat_interleave(2, dim=1)
     logits = (q[:, 1] @ k[:, 1].transpose(-1, -2)) / math.sqrt(32)
     want = [torch.diagonal(logits, -d, dim1=-2, dim2=-1).mean().item() for d in (0, 7, 39)]
     got = prof.column("logit_mean")[0].as_py()

@@ -10,6 +10,8 @@ import torch
 
 from hdrope import HDRotary
 from hdrope.errors import UserError
+from trainer.model.attention.call import AttentionCall, AttentionMask
+from trainer.model.attention.dense import dense_logits
 from trainer.model.encodings.alibi import ALiBiConfig, alibi_slopes
 from trainer.model.encodings.base import EncodingShape
 from trainer.model.encodings.fope import FoPEConfig, fope_frequencies, step_eye
@@ -182,12 +184,12 @@ def _scores(kind: str, m: int, n: int, q: torch.Tensor, k: torch.Tensor) -> torc
         enc = build_position_encoding(RPE3DConfig(chunk_size=4, phi_base=3.0), SHAPE)
     if kind == "fire":  # below its threshold L, FIRE's normaliser is constant: shifts must cross L to show
         enc = build_position_encoding(pe_config_class("fire")(init_threshold=4.0), SHAPE)
-    pos = torch.tensor([m, n])
+    pos = torch.tensor([n, m])  # the key's token, then the query's
     rq, rk = enc.rotate(q.expand(1, -1, 2, -1), k.expand(1, -1, 2, -1), enc.tables(pos, torch.float64))
-    rk = rk.repeat_interleave(SHAPE.n_heads // SHAPE.n_kv_heads, dim=1)
-    s = (rq[0, :, 0] * rk[0, :, 1]).sum(-1)
-    bias = enc.score_bias(torch.tensor([m]), n + 1, 1)
-    return s if bias is None else s + bias[:, 0, n].double()
+    x = torch.randn(1, 2, SHAPE.input_dim, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    call = AttentionCall(rq[:, :, 1:], rk, rk, pos[None, 1:], pos[None], AttentionMask(1, 0),
+                         enc.double().token_state(x, 1), 1)
+    return dense_logits(enc, call)[0, :, 0, 0] / enc.softmax_scale(rq.shape[-1])
 
 
 @pytest.mark.parametrize("kind", sorted(POSITION_ENCODINGS))

@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from trainer.model.attention.simple import attend, logits, weights
 from trainer.model.encodings.alibi import alibi_slopes
 from trainer.model.encodings.base import EncodingShape
 from trainer.model.encodings.dape import base_config
@@ -59,7 +60,7 @@ def official_stickbreaking(q, k, v):
 def test_stick_breaking_agrees_with_the_official_reference(dtype, tol):
     enc = _build("stickbreaking")
     q, k, v = _qkv(dtype)
-    got = enc.attend(q, k, v, 0)
+    got = attend(enc, q, k, v, 0)
     want = official_stickbreaking(q, _heads(k), _heads(v))
     assert (got - want).abs().max().item() < tol
 
@@ -67,24 +68,26 @@ def test_stick_breaking_agrees_with_the_official_reference(dtype, tol):
 def test_stick_breaking_weights_are_distributions_that_break_from_the_nearest_key():
     enc = _build("stickbreaking")
     q, k, _ = _qkv(torch.float64)
-    w = enc.weights(q, k, 0)
+    w = weights(enc, q, k, 0)
     torch.testing.assert_close(w.sum(-1), torch.ones_like(w[..., 0]))
     assert (w >= 0).all() and (w.triu(1) == 0).all()
     assert (w[..., 0, 0] == 1).all()  # the first token has no earlier key: all its weight is its own value
     # a key the query is sure of takes the whole stick, and the keys before it get nothing
-    logits = torch.full((1, 1, 4, 4), -30.0, dtype=torch.float64)
-    logits[..., 3, 2] = 40.0
-    from trainer.model.encodings.stickbreaking import stick_breaking_weights
+    z = torch.full((1, 1, 1, 3), -30.0, dtype=torch.float64)
+    z[..., 2] = 40.0
+    from trainer.model.encodings.stickbreaking import stick_breaking_scores
 
-    row = stick_breaking_weights(logits, 0)[0, 0, 3]
-    torch.testing.assert_close(row, torch.tensor([0.0, 0.0, 1.0, 0.0], dtype=torch.float64), atol=1e-12, rtol=0)
+    log_w, rest = stick_breaking_scores(z, torch.ones(1, 1, 1, 3, dtype=torch.bool), None)
+    torch.testing.assert_close(log_w.exp()[0, 0, 0], torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64), atol=1e-12,
+                               rtol=0)
+    assert rest.exp().item() < 1e-12  # nothing is left for the query's own value
 
 
 def test_stick_breaking_decodes_queries_after_a_cached_prefix_as_in_one_pass():
     enc = _build("stickbreaking")
     q, k, v = _qkv(torch.float64)
-    full = enc.attend(q, k, v, 0)
-    tail = enc.attend(q[..., 12:, :], k, v, 12)
+    full = attend(enc, q, k, v, 0)
+    tail = attend(enc, q[..., 12:, :], k, v, 12)
     torch.testing.assert_close(tail, full[..., 12:, :], atol=1e-12, rtol=0)
 
 
@@ -111,11 +114,11 @@ def test_fox_agrees_with_the_official_reference(dtype, tol, past):
     x = torch.randn(2, 19, SHAPE.input_dim, dtype=dtype, generator=torch.Generator().manual_seed(4))
     state = enc.token_state(x, layer=1)
     assert state.shape == (2, SHAPE.n_heads, 19) and (state < 0).all()
-    got = enc.attend(q[..., past:, :], k, v, past, 1, None, state)
+    got = attend(enc, q[..., past:, :], k, v, past, 1, state)
     want = official_forgetting_attention(q[..., past:, :], _heads(k), _heads(v), state, SHAPE.head_dim**-0.5)
     assert (got - want).abs().max().item() < tol
     # its logits, which the attention dump reads, are the ones this attention takes the softmax of
-    probs = torch.softmax(enc.logits(q[..., past:, :], k, past, 1, state), dim=-1)
+    probs = torch.softmax(logits(enc, q[..., past:, :], k, past, 1, state), dim=-1)
     torch.testing.assert_close(probs @ _heads(v), got, atol=10 * tol, rtol=0)
 
 
@@ -130,10 +133,10 @@ def test_fox_with_a_fixed_gate_is_alibi_and_with_an_open_gate_is_nope():
         enc.gate_bias[0] = torch.log(torch.expm1(slopes).reciprocal())  # logit of exp(-slope)
         enc.gate_bias[1] = 40.0
     enc = enc.double()
-    fox = enc.attend(q, k, v, 0, 0, None, enc.token_state(x, 0))
-    want = alibi.attend(q, k, v, 0, 0)
+    fox = attend(enc, q, k, v, 0, 0, enc.token_state(x, 0))
+    want = attend(alibi, q, k, v, 0, 0)
     torch.testing.assert_close(fox, want, atol=1e-7, rtol=0)  # ALiBi keeps its slopes and bias in float32
-    open_gate = enc.attend(q, k, v, 0, 1, None, enc.token_state(x, 1))
+    open_gate = attend(enc, q, k, v, 0, 1, enc.token_state(x, 1))
     nope = F.scaled_dot_product_attention(q, _heads(k), _heads(v), is_causal=True)
     torch.testing.assert_close(open_gate, nope, atol=1e-12, rtol=0)
 
@@ -185,8 +188,8 @@ def test_grape_m_at_its_initial_spectrum_is_rope_with_the_second_half_negated():
     q, k, _ = _qkv(torch.float64)
     flip = torch.cat([torch.ones(SHAPE.head_dim // 2), -torch.ones(SHAPE.head_dim // 2)]).double()
     pos = torch.arange(19)
-    got = grape.logits(*grape.rotate(q, k, grape.tables(pos, torch.float64, 19)), 0)
-    want = rope.logits(*rope.rotate(q * flip, k * flip, rope.tables(pos, torch.float64, 19)), 0)
+    got = logits(grape, *grape.rotate(q, k, grape.tables(pos, torch.float64, 19)), 0)
+    want = logits(rope, *rope.rotate(q * flip, k * flip, rope.tables(pos, torch.float64, 19)), 0)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)  # GRAPE's spectrum is a float32 parameter
     assert not _build("grape_m", learnable=False).log_freq.requires_grad
 
@@ -209,13 +212,13 @@ def test_grape_a_agrees_with_the_official_query_gated_attention(dtype, tol):
         enc.omega.uniform_(-1.0, 2.0, generator=torch.Generator().manual_seed(5))
     enc = enc.to(dtype)
     q, k, v = _qkv(dtype)
-    got = enc.attend(q, k, v, 0, 1)
+    got = attend(enc, q, k, v, 0, 1)
     bias = official_query_gated_bias(q.transpose(1, 2), enc.omega[1].detach(), enc.v[1].detach(),
                                       enc.slopes.to(dtype))
     mask = bias.masked_fill(~torch.ones(19, 19, dtype=torch.bool).tril(), float("-inf"))
     want = F.scaled_dot_product_attention(q, _heads(k), _heads(v), attn_mask=mask)
     assert (got - want).abs().max().item() < tol
-    tail = enc.attend(q[..., 12:, :], k, v, 12, 1)  # queries after a cached prefix
+    tail = attend(enc, q[..., 12:, :], k, v, 12, 1)  # queries after a cached prefix
     torch.testing.assert_close(tail, got[..., 12:, :], atol=10 * tol, rtol=0)
 
 
@@ -230,9 +233,9 @@ def test_grape_a_with_its_gate_fixed_is_alibi_and_with_no_slope_is_nope():
         enc.v[..., 0] = 1.0
         enc.omega[0] = math.log(math.expm1(1 / math.log(2)))
         enc.omega[1] = -40.0
-    torch.testing.assert_close(enc.attend(q, k, v, 0, 0), alibi.attend(q, k, v, 0, 0), atol=1e-7, rtol=0)
+    torch.testing.assert_close(attend(enc, q, k, v, 0, 0), attend(alibi, q, k, v, 0, 0), atol=1e-7, rtol=0)
     nope = F.scaled_dot_product_attention(q, _heads(k), _heads(v), is_causal=True)
-    torch.testing.assert_close(enc.attend(q, k, v, 0, 1), nope, atol=1e-12, rtol=0)
+    torch.testing.assert_close(attend(enc, q, k, v, 0, 1), nope, atol=1e-12, rtol=0)
 
 
 # --- DAPE -----------------------------------------------------------------------------------------------------------
@@ -250,7 +253,7 @@ def test_dape_agrees_with_the_official_forward(base, dtype, tol):
     enc = _build("dape", base=base).to(dtype)
     q, k, v = _qkv(dtype)
     enc.tables(torch.arange(19), dtype, 19)
-    got = enc.logits(q, k, 0, 1)
+    got = logits(enc, q, k, 0, 1)
     mlp = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.LeakyReLU(), torch.nn.Linear(32, 4)).to(dtype)
     with torch.no_grad():
         for layer, (w, b) in zip((mlp[0], mlp[2]), ((enc.w1, enc.b1), (enc.w2, enc.b2)), strict=True):
@@ -262,8 +265,8 @@ def test_dape_agrees_with_the_official_forward(base, dtype, tol):
     assert (got - want)[..., visible].abs().max().item() < tol
     assert torch.isinf(got[..., ~visible]).all()
     assert len(dict(enc.named_parameters())) == 4 + len(dict(enc.base.named_parameters()))
-    tail = enc.attend(q[..., 12:, :], k, v, 12, 1)  # queries after a cached prefix
-    torch.testing.assert_close(tail, enc.attend(q, k, v, 0, 1)[..., 12:, :], atol=10 * tol, rtol=0)
+    tail = attend(enc, q[..., 12:, :], k, v, 12, 1)  # queries after a cached prefix
+    torch.testing.assert_close(tail, attend(enc, q, k, v, 0, 1)[..., 12:, :], atol=10 * tol, rtol=0)
 
 
 @pytest.mark.parametrize("base", ["alibi", "kerple"])
@@ -275,7 +278,7 @@ def test_dape_with_a_silent_mlp_is_its_base_bias(base):
     plain = build_position_encoding(base_config(pe_config_class("dape")(base=base)), SHAPE)
     plain.load_state_dict(enc.base.state_dict())
     q, k, v = _qkv(torch.float64)
-    torch.testing.assert_close(enc.attend(q, k, v, 0, 1), plain.double().attend(q, k, v, 0, 1), atol=1e-7, rtol=0)
+    torch.testing.assert_close(attend(enc, q, k, v, 0, 1), attend(plain.double(), q, k, v, 0, 1), atol=1e-7, rtol=0)
 
 
 @pytest.mark.parametrize("base", ["kerple", "fire"])
@@ -286,13 +289,13 @@ def test_dape_is_translation_invariant_exactly_when_its_base_is(base):
         with torch.no_grad():
             enc.base.init_threshold.fill_(4.0)
     q, k, _ = _qkv(torch.float64, seq=1)
-    logits = []
+    rows = []
     for p in (5, 9, 17):
         keys = torch.zeros(2, SHAPE.n_kv_heads, p + 1, SHAPE.head_dim, dtype=torch.float64)
         keys[..., p - 3, :] = k[..., 0, :]
         enc.tables(torch.arange(p + 1), torch.float64, p + 1)
-        logits.append(enc.logits(q, keys, p, 1)[..., 0, p - 3])
-    same = all(torch.allclose(logits[0], x, atol=1e-9) for x in logits[1:])
+        rows.append(logits(enc, q, keys, p, 1)[..., 0, p - 3])
+    same = all(torch.allclose(rows[0], x, atol=1e-9) for x in rows[1:])
     kind = POSITION_ENCODINGS["dape"]
     assert same == kind.invariant(pe_config_class("dape")(base=base)) == (base == "kerple")
 
@@ -334,32 +337,40 @@ def test_path_agrees_with_the_official_decoding(dtype, tol, seq):
     x = torch.randn(2, seq, SHAPE.input_dim, dtype=dtype, generator=torch.Generator().manual_seed(7))
     state = enc.token_state(x, 1)
     with torch.no_grad():
-        got = enc.attend(q, k, v, 0, 1, None, state)
+        got = attend(enc, q, k, v, 0, 1, state)
         w, beta = official_path_inputs(enc, x, 1)
         want = official_path_decoding(q, _heads(k), _heads(v), _heads(w), _heads(beta), SHAPE.head_dim**-0.5)
         assert (got - want).abs().max().item() < tol
         # its own directions are the official ones
         mine_w, mine_beta = enc.directions(state, 1)
         assert (mine_w - w).abs().max().item() < tol and (mine_beta - beta).abs().max().item() < tol
-        tail = enc.attend(q[..., 12:, :], k, v, 12, 1, None, state)  # queries after a cached prefix
+        tail = attend(enc, q[..., 12:, :], k, v, 12, 1, state)  # queries after a cached prefix
         torch.testing.assert_close(tail, got[..., 12:, :], atol=10 * tol, rtol=0)
 
 
-@pytest.mark.parametrize("chunk", [1, 4, 7, 16])
-def test_path_scores_by_chunks_equal_one_pass_with_their_gradients(chunk):
-    from trainer.model.encodings.path import chunked_path_scores, path_scores
+@pytest.mark.parametrize("block", [1, 4, 7, 16])
+def test_path_by_tiles_equals_one_tile_with_its_gradients(block):
+    """The UT-transform tiles carry each query through the Householder products of the tiles between: any tile size
+    gives the one-tile scores, and the same gradients (through w, β and the convolution)."""
+    from trainer.model.attention.dense import dense_attention
+    from trainer.model.attention.simple import simple_call
+    from trainer.model.attention.tiled import tiled_attention
 
-    gen = torch.Generator().manual_seed(8)
-    q, keys, w = (torch.randn(2, 3, 23, 5, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    beta = (2 * torch.rand(2, 3, 23, generator=gen, dtype=torch.float64)).requires_grad_()
-    unit = F.normalize(w, dim=-1)
-    lower = torch.ones(23, 23, dtype=torch.bool).tril()
-    one = path_scores(q, keys, unit, beta, 0)[..., lower]
-    both = chunked_path_scores(q, keys, unit, beta, chunk)[..., lower]
-    torch.testing.assert_close(both, one, atol=1e-12, rtol=0)
-    grads = [torch.autograd.grad(x.square().sum(), (q, keys, w, beta), retain_graph=True) for x in (one, both)]
-    for a, b in zip(*grads, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+    enc = _build("path", init_std=0.3).double()
+    with torch.no_grad():
+        enc.beta_bias.uniform_(-2.0, 2.0, generator=torch.Generator().manual_seed(6))
+    q, k, v = (t.requires_grad_() for t in _qkv(torch.float64, seq=23))
+    x = torch.randn(2, 23, SHAPE.input_dim, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    outs = []
+    for run in (dense_attention, lambda pe, call: tiled_attention(pe, call, block)):
+        enc.zero_grad()
+        out = run(enc, simple_call(q, k, v, 0, 1, enc.token_state(x, 1)))
+        grads = torch.autograd.grad(out.square().sum(), (q, k, v, *enc.parameters()), allow_unused=True)
+        outs.append((out, grads))
+    torch.testing.assert_close(outs[1][0], outs[0][0], atol=1e-12, rtol=0)
+    for a, b in zip(outs[0][1], outs[1][1], strict=True):
+        if a is not None:
+            torch.testing.assert_close(b, a, atol=1e-10, rtol=0)
 
 
 def test_path_with_no_reflection_is_nope_and_with_full_reflections_flips_the_keys():
@@ -371,7 +382,7 @@ def test_path_with_no_reflection_is_nope_and_with_full_reflections_flips_the_key
     with torch.no_grad():
         enc.beta_bias.fill_(-60.0)
     nope = F.scaled_dot_product_attention(q, _heads(k), _heads(v), is_causal=True)
-    torch.testing.assert_close(enc.attend(q, k, v, 0, 0, None, enc.token_state(x, 0)), nope, atol=1e-12, rtol=0)
+    torch.testing.assert_close(attend(enc, q, k, v, 0, 0, enc.token_state(x, 0)), nope, atol=1e-12, rtol=0)
     with torch.no_grad():
         enc.beta_bias.fill_(60.0)
     state = enc.token_state(x, 0)
@@ -381,7 +392,7 @@ def test_path_with_no_reflection_is_nope_and_with_full_reflections_flips_the_key
     for t in range(1, 19):  # the last query's view of every key: all reflections after it applied
         keys[..., :t, :] -= 2 * (keys[..., :t, :] * w[..., t:t + 1, :]).sum(-1, keepdim=True) * w[..., t:t + 1, :]
     torch.testing.assert_close(keys.norm(dim=-1), k.norm(dim=-1), rtol=1e-4, atol=0)  # ε leaves |w| just below 1
-    last = enc.logits(q, k, 0, 0, state)[..., -1, :]
+    last = logits(enc, q, k, 0, 0, state)[..., -1, :]
     torch.testing.assert_close(last, (q[..., -1:, :] @ _heads(keys).transpose(-1, -2))[..., 0, :] / math.sqrt(8))
 
 

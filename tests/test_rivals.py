@@ -224,7 +224,7 @@ def test_flops_are_what_the_transform_multiplies(kind, fields):
     """The kind's FLOPs per token (one layer) equal the matmul FLOPs its forward + backward adds per token."""
     shape = EncodingShape(head_dim=D, n_heads=4, n_kv_heads=2, n_layers=1, max_seq_len=32)
     enc = _enc(kind, shape, **fields)
-    seq = 8
+    seq = 9  # ⌈√9⌉ = 3 divides it: the grid of powers needs no padding positions, which would add their FLOPs
 
     def flops(batch: int) -> int:
         q = torch.randn(batch, 4, seq, D, requires_grad=True)
@@ -345,8 +345,9 @@ def test_pope_attention_scales_its_2d_wide_logits_by_one_over_sqrt_head_dim():
     attn, capture = model.layers[0].attention, {}
     h = model.layers[0].attention_norm(model.tok_embeddings(torch.randint(0, 32, (2, 9))))
     with torch.no_grad():
-        out = attn(h, model.pe, model.pe.tables(torch.arange(9), h.dtype, 9), _Context(capture=capture))
-        q, k, _ = capture[0]
+        ctx = _Context(None, capture, "auto", 0, torch.arange(9)[None], None, 0)
+        out = attn(h, model.pe, model.pe.tables(torch.arange(9), h.dtype, 9), ctx)
+        q, k = capture[0].q, capture[0].k
         assert q.shape[-1] == 2 * attn.head_dim
         v = attn.wv(h).view(2, 9, 2, attn.head_dim).transpose(1, 2).repeat_interleave(2, dim=1)
         logits = q @ k.repeat_interleave(2, dim=1).transpose(-1, -2) / math.sqrt(attn.head_dim)

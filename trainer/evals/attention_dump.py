@@ -35,7 +35,9 @@ import torch
 from hdrope.diagnostics import effective_rank, row_entropy
 from hdrope.errors import UserError
 from trainer.config import DumpConfig
-from trainer.model.llama import Captured, Llama
+from trainer.model.attention.call import AttentionCall
+from trainer.model.attention.dense import dense_logits, dense_weights
+from trainer.model.llama import Llama
 from trainer.model.position import IDENTITY_COLUMNS
 
 __all__ = ["DUMP_SCHEMA_VERSION", "DumpIds", "dump_attention", "dump_bytes", "dump_selection", "identity_arrays",
@@ -125,7 +127,7 @@ def dump_attention(model: Llama, tokens: torch.Tensor, cfg: DumpConfig, ids: Dum
     tokens = tokens[: cfg.samples, :length]
     was_training = model.training
     model.eval()
-    capture: dict[int, Captured] = {}
+    capture: dict[int, AttentionCall] = {}
     try:
         model(tokens.to(next(model.parameters()).device), capture=capture)
     finally:
@@ -137,14 +139,13 @@ def dump_attention(model: Llama, tokens: torch.Tensor, cfg: DumpConfig, ids: Dum
     writer, profiles = None, []
     try:
         for layer in layers:
-            q, k, state = capture[layer]
+            call = capture[layer]
             # what the model's attention sees and does, score bias, CoPE's positions, FoX's gates and stick-breaking
             # included; one sample at a time, so only the selected heads of every sample are held at once
-            rows = [(q[i:i + 1].float(), k[i:i + 1].float(), None if state is None else state[i:i + 1])
-                    for i in range(q.shape[0])]
-            logits = torch.cat([model.pe.logits(*row[:2], 0, layer, row[2])[:, heads].cpu() for row in rows])
+            rows = [call.row(i) for i in range(call.q.shape[0])]
+            logits = torch.cat([dense_logits(model.pe, row)[:, heads].float().cpu() for row in rows])
             profiles.append(_distance_profile(logits))
-            probs = torch.cat([model.pe.weights(*row[:2], 0, layer, row[2])[:, heads].cpu() for row in rows])
+            probs = torch.cat([dense_weights(model.pe, row)[:, heads].float().cpu() for row in rows])
             # (samples, heads, L, L), causal mask applied
             n = probs.shape[0] * probs.shape[1]
             maps = probs.reshape(n, length, length)

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hdrope.errors import UserError
+from trainer.model.layer_pattern import layer_windows
+from trainer.new_setting import NEW_SETTING
 
 if TYPE_CHECKING:
     from trainer.model.position import EncodingShape
@@ -43,6 +45,16 @@ class ModelArgs:
     depth_scaled_init: bool = False  # scale wo / w2 init by 1/sqrt(2·n_layers)
     # one typed dataclass per kind (its module under trainer.model.encodings), chosen by pe.kind when merged
     pe: Any = field(default_factory=_default_pe)
+    # the attention path (trainer.model.attention.paths): auto | dense | tiled | flex
+    attention: str = field(default="auto", metadata=NEW_SETTING)
+    attention_block: int = field(default=0, metadata=NEW_SETTING)  # tokens per tile of the tiled path; 0: 256
+    window: int = field(default=0, metadata=NEW_SETTING)  # sliding window of the local layers in tokens; 0: none
+    layer_pattern: str = field(default="", metadata=NEW_SETTING)  # e.g. "3 local : 1 global"; "": all alike
+
+    @property
+    def layer_windows(self) -> list[int]:
+        """Each layer's sliding window in tokens (0: it sees every earlier token)."""
+        return layer_windows(self.layer_pattern, self.window, self.n_layers)
 
     @property
     def resolved_head_dim(self) -> int:
@@ -70,6 +82,19 @@ def validate_model_args(a: ModelArgs) -> None:
             f"model.n_heads={a.n_heads} is not divisible by model.n_kv_heads={a.n_kv_heads}; "
             "grouped-query attention needs n_kv_heads to divide n_heads"
         )
+    from trainer.model.attention.paths import ATTENTION_CHOICES
+
+    if a.attention not in ATTENTION_CHOICES:
+        raise UserError(f"model.attention={a.attention!r}: choose one of {', '.join(ATTENTION_CHOICES)} (auto takes "
+                        "the fastest path that serves the kind, device and length)")
+    if isinstance(a.attention_block, bool) or not isinstance(a.attention_block, int) or a.attention_block < 0:
+        raise UserError(f"model.attention_block={a.attention_block!r}: must be an integer >= 0 (tokens per tile of "
+                        "the tiled attention path; 0: its default), e.g. 256")
+    if isinstance(a.window, bool) or not isinstance(a.window, int) or not 0 <= a.window <= a.max_seq_len:
+        raise UserError(f"model.window={a.window!r}: must be an integer in [0, model.max_seq_len={a.max_seq_len}] (a "
+                        "window of that many tokens or more is global attention at the train length); use 0 for "
+                        f"none or a smaller window, e.g. {max(1, a.max_seq_len // 2)}")
+    a.layer_windows  # noqa: B018 -- parses model.layer_pattern: UserError naming it
     from trainer.model.position import encoding_problems
 
     problems = encoding_problems(a.pe, a.encoding_shape)

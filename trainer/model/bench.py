@@ -1,9 +1,9 @@
 """`hdrope bench encodings`: the q/k transform of every registered position encoding, side by side.
 
 Each kind is built with its default config for one attention shape and timed on the same q and k
-(tables for the positions, then the transform of one layer; score-bias kinds time their bias; a kind with its own
-attention (CoPE, stick-breaking) or a bias of the content (FoX, its gates read from a random input of heads ×
-head_dim channels; GRAPE-A) times that attention, to be read against the fused causal SDPA row beside it),
+(tables for the positions, then the transform of one layer; a kind with a bias or scores of its own times its whole
+attention on the dense path (FoX's gates read from a random input of heads × head_dim channels), to be read against
+the fused causal SDPA row beside it),
 round-robin in one process with `hdrope.bench.median_round_robin`, against RoPE and an
 elementwise floor (q*2 and k*2). The default encoding (HD-RoPE N = 4 Paley) is listed eager and compiled.
 """
@@ -23,6 +23,8 @@ from hdrope.bench import DTYPES, bench_device, median_round_robin, synced
 from hdrope.bench_args import non_negative_int, positive_int, writable_file
 from hdrope.errors import UserError
 from trainer.model.args import ModelArgs
+from trainer.model.attention.call import AttentionCall, AttentionMask
+from trainer.model.attention.dense import dense_attention
 from trainer.model.encodings.base import EncodingShape, PositionModule
 from trainer.model.position import POSITION_ENCODINGS, build_position_encoding, encoding_identity, identity_is_rope
 
@@ -52,19 +54,16 @@ def _transform(enc: PositionModule, q: torch.Tensor, k: torch.Tensor, v: torch.T
     # the attention input a data-dependent kind reads (FoX's gates), heads x head_dim wide
     x = torch.randn(q.shape[0], q.shape[2], q.shape[1] * q.shape[3], device=q.device, dtype=q.dtype,
                     generator=torch.Generator(q.device).manual_seed(1)).requires_grad_(backward)
-
-    attends_itself = enc.own_attention or type(enc).content_bias is not PositionModule.content_bias
+    plain = type(enc).scores_kind() == "plain"
+    rows = pos.unsqueeze(0)
 
     def fwd() -> None:
         tables = enc.tables(pos, q.dtype, q.shape[-2])
         qq, kk = enc.rotate(q, k, tables, 0)
-        state = enc.token_state(x, 0)
         out = [qq, kk]
-        if attends_itself:  # its cost is its whole attention (CoPE, stick-breaking, FoX's gates, GRAPE-A's gated
-            out = [enc.attend(qq, kk, v, 0, 0, None, state)]  # bias): read it against the SDPA row
-        else:
-            bias = enc.score_bias(pos, q.shape[-2], 0)  # a bias kind's cost is its bias
-            out += [] if bias is None else [bias]
+        if not plain:  # a kind with a bias or scores of its own: its cost is its whole attention (dense), to be
+            call = AttentionCall(qq, kk, v, rows, rows, AttentionMask(), enc.token_state(x, 0), 0)
+            out = [dense_attention(enc, call)]  # read against the SDPA row
         if backward and any(t.requires_grad for t in out):
             sum(t.sum() for t in out if t.requires_grad).backward()
 

@@ -1,44 +1,44 @@
 """A compact Llama-3-style decoder with a pluggable position encoding (one readable file).
 
-RMSNorm, SwiGLU, grouped-query attention through the encoding's `attend` (F.scaled_dot_product_attention,
-causal, with the encoding's score bias as a float mask where it has one), no biases, N(0, init_std) init (the
-paper's 0.02), optional depth-scaled output projections and tied embeddings. Its arguments, `ModelArgs`, sit
-beside it in `trainer.model.args`.
+RMSNorm, SwiGLU, grouped-query attention on the path `model.attention` chooses (`trainer.model.attention.paths`:
+dense SDPA, tiles of linear memory, or FlexAttention) over the encoding's scores, causal, within a sliding window on
+the layers `model.layer_pattern` makes local, and within each document when `documents` is set; no biases,
+N(0, init_std) init (the paper's 0.02), optional depth-scaled output projections and tied embeddings. Its
+arguments, `ModelArgs`, sit beside it in `trainer.model.args`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from trainer.model.args import ModelArgs, validate_model_args
+from trainer.model.attention.call import AttentionCall, AttentionMask
+from trainer.model.attention.documents import Documents
+from trainer.model.attention.paths import run_attention
+from trainer.model.kv_cache import KVCache
 from trainer.model.position import PositionEncoding, build_position_encoding
 
-__all__ = ["Captured", "KVCache", "Llama", "ModelArgs", "validate_model_args"]
-
-
-class Captured(NamedTuple):
-    """One layer's transformed queries and keys in a forward pass, and the keys' token state (None for a kind of
-    positions alone): what the kind's `logits` and `weights` take."""
-
-    q: torch.Tensor
-    k: torch.Tensor
-    state: torch.Tensor | None = None
+__all__ = ["AttentionCall", "KVCache", "Llama", "ModelArgs", "validate_model_args"]
 
 
 @dataclass
 class _Context:
-    """What one forward pass carries through its layers: the KV cache, the (q, k) capture, and the attention masks
-    already built in this pass (layers that share a score bias build its mask once)."""
+    """What one forward pass carries through its layers: the KV cache, the capture of each layer's attention call,
+    the requested attention path, the tokens' positions (batch or 1, seq), their documents (batch, seq) and the
+    token index of the first."""
 
-    cache: KVCache | None = None
-    capture: dict[int, Captured] | None = None
-    masks: dict = field(default_factory=dict)
+    cache: KVCache | None
+    capture: dict[int, AttentionCall] | None
+    attention: str
+    block: int
+    positions: torch.Tensor
+    segments: torch.Tensor | None
+    first: int
 
 
 class RMSNorm(nn.Module):
@@ -52,35 +52,10 @@ class RMSNorm(nn.Module):
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
 
-class KVCache:
-    """Rotated keys and values per layer for incremental decoding, with the keys' token state where the encoding
-    reads one (FoX's log forget gates); `length` is the cached prefix."""
-
-    def __init__(self, n_layers: int) -> None:
-        self.kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * n_layers
-        self.state: list[torch.Tensor | None] = [None] * n_layers
-
-    @property
-    def length(self) -> int:
-        first = self.kv[0]
-        return 0 if first is None else first[0].shape[2]
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The layer's keys, values and token state (batch, heads, seq, ...) so far, these new ones appended."""
-        past, past_state = self.kv[layer], self.state[layer]
-        if past is not None:
-            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
-        if past_state is not None and state is not None:
-            state = torch.cat([past_state, state], dim=2)
-        self.kv[layer], self.state[layer] = (k, v), state
-        return k, v, state
-
-
 class Attention(nn.Module):
     def __init__(self, a: ModelArgs, layer: int) -> None:
         super().__init__()
-        self.layer = layer
+        self.layer, self.window = layer, a.layer_windows[layer]
         self.n_heads, self.n_kv_heads, self.head_dim = a.n_heads, a.n_kv_heads, a.resolved_head_dim
         self.wq = nn.Linear(a.dim, a.n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(a.dim, a.n_kv_heads * self.head_dim, bias=False)
@@ -94,14 +69,17 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = pe.rotate(q, k, tables, self.layer)
         state = pe.token_state(x, self.layer)
-        past = 0
-        if ctx.cache is not None:
-            prev = ctx.cache.kv[self.layer]
-            past = 0 if prev is None else prev[0].shape[2]
-            k, v, state = ctx.cache.update(self.layer, k, v, state)
+        k_index, k_pos, segments = ctx.first, ctx.positions, ctx.segments
+        if ctx.cache is not None:  # a windowed layer keeps what its next queries can see (and the state reach)
+            keep = max(1, self.window - 1 + pe.state_reach) if self.window else 0
+            k, v, state, k_index = ctx.cache.update(self.layer, k, v, state, keep)
+            k_pos = ctx.cache.positions[:, k_index:]
+            segments = None if ctx.cache.segments is None else ctx.cache.segments[:, k_index:]
+        call = AttentionCall(q, k, v, ctx.positions, k_pos, AttentionMask(ctx.first, k_index, self.window, segments),
+                             state, self.layer)
         if ctx.capture is not None:
-            ctx.capture[self.layer] = Captured(q, k, state)
-        y = pe.attend(q, k, v, past, self.layer, ctx.masks, state)
+            ctx.capture[self.layer] = call
+        y = run_attention(pe, call, ctx.attention, ctx.block)
         return self.wo(y.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -137,6 +115,7 @@ class Llama(nn.Module):
         validate_model_args(args)
         self.pe = build_position_encoding(args.pe, args.encoding_shape)
         self.args = args
+        self.documents: Documents | None = None  # set by the trainer when data.documents.mask is on
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(Block(args, i) for i in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
@@ -172,20 +151,30 @@ class Llama(nn.Module):
         tokens: torch.Tensor,
         positions: torch.Tensor | None = None,
         cache: KVCache | None = None,
-        capture: dict[int, Captured] | None = None,
+        capture: dict[int, AttentionCall] | None = None,
     ) -> torch.Tensor:
         """Logits for tokens (batch, seq). With a cache, tokens continue the cached prefix (positions
-        default to follow it). With capture, each layer stores its rotated q, k (and token state) under its index."""
+        default to follow it). With `documents` set, attention stays within each document and positions restart
+        at each (unless given). With capture, each layer stores its attention call under its index."""
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be (batch, seq) integer ids, got shape {tuple(tokens.shape)}")
-        length = None
+        first = cache.length if cache is not None else 0
+        length = first + tokens.shape[1]  # positions never exceed the token index: the tables need not read them
+        segments = after = None
+        if self.documents is not None:
+            segments, restarted, after = self.documents.split(tokens, first, None if cache is None else cache.documents)
+            if positions is None and restarted is not None:
+                positions = restarted
+        elif positions is not None:
+            length = None  # the caller's own positions: the tables read their bound
         if positions is None:
-            start = cache.length if cache is not None else 0
-            length = start + tokens.shape[1]  # known here: the tables need not read positions (no GPU sync)
-            positions = torch.arange(start, length, device=tokens.device)
+            positions = torch.arange(first, length, device=tokens.device)
+        rows = positions if positions.dim() == 2 else positions.unsqueeze(0)
+        if cache is not None:
+            cache.extend(rows, segments, after)
         h = self.tok_embeddings(tokens)
         tables = self.pe.tables(positions, h.dtype, length)
-        ctx = _Context(cache, capture)
+        ctx = _Context(cache, capture, self.args.attention, self.args.attention_block, rows, segments, first)
         for layer in self.layers:
             h = layer(h, self.pe, tables, ctx)
         return self.output(self.norm(h))

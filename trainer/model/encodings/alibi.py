@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.model.encodings.base import PositionModule
+from trainer.model.encodings.bias import PositionBias
 from trainer.model.encodings.kind import EncodingKind, identity_row
 
 
@@ -30,23 +30,19 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     return torch.tensor(slopes, dtype=torch.float64)
 
 
-class ALiBi(PositionModule):
-    """Adds -slope_h · (i - j) to the logit of query position i on key position j (translation-invariant)."""
+class ALiBi(PositionBias):
+    """Adds -slope_h · (m - n) to the logit of a query at position m on a key at position n (translation-invariant)."""
 
     def __init__(self, n_heads: int) -> None:
         super().__init__()
+        self.heads = int(n_heads)
         self.register_buffer("slopes", alibi_slopes(n_heads).float(), persistent=False)
 
     def extra_repr(self) -> str:
         return f"heads={self.slopes.numel()}"
 
-    def bias_key(self, layer):
-        return 0  # the same slopes in every layer
-
-    def score_bias(self, q_positions, kv_len, layer=0):
-        keys = torch.arange(kv_len, device=q_positions.device, dtype=torch.float32)
-        dist = q_positions.to(torch.float32).unsqueeze(-1) - keys  # (seq, kv_len)
-        return -self.slopes.to(q_positions.device)[:, None, None] * dist
+    def head_bias(self, head, query, key, layer):
+        return -self.slopes[head] * (query - key).to(torch.float32)
 
 
 KIND = EncodingKind(

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from trainer.model.attention.call import AttentionCall, Prepared, Tile, compute_dtype
+
+__all__ = ["CosSinCache", "EncodingShape", "PhaseTable", "PositionModule", "compute_dtype", "kv_group",
+           "positions_bound", "rope_freqs", "rotate_half", "rotate_pairs"]
 
 
 @dataclass(frozen=True)
@@ -28,17 +33,20 @@ class EncodingShape:
 
 
 class PositionModule(nn.Module):
-    """Base of the encodings: `tables` once per forward pass, then per layer `rotate` and `attend`.
+    """Base of the encodings: `tables` once per forward pass, then per layer `rotate`, and what the kind's attention
+    scores are for one tile of queries and keys, which every attention path (`trainer.model.attention`) composes.
 
-    `attend` is the layer's causal attention: PyTorch's fused SDPA, with the kind's `score_bias` (if any) merged
-    with the causal mask into one additive float mask. A kind whose logits depend on q and k beyond q·k (CoPE)
-    overrides `logits` and sets `own_attention`, and `attend` then applies its `weights` (the softmax of those
-    logits unless the kind says otherwise: stick-breaking) itself. A data-dependent kind (FoX) reads the attention
-    input through `token_state`; the KV cache keeps that state beside the keys, and `logits`, `weights` and
-    `attend` take it. `logits` and `weights` are the one definition of what the attention sees and does, which the
-    attention dump reads for every kind."""
+    A kind overrides only what it needs. `tile_bias` adds a bias on the scaled logits q'·k'·scale: of positions
+    (ALiBi, the bias kinds) or of content (FoX's gates, GRAPE-A), read from what `prepare` computed once per call.
+    A kind whose scores are more than q·k plus a bias overrides `tile_scores` (DAPE mixes the heads, CoPE counts
+    positions by gates, PaTH carries queries through Householder products), passing a carry from one tile to the
+    next: the path gives a query block its tiles from its own keys back to the earliest. `normalised` False says
+    the scores are already log-weights of a distribution (stick-breaking), and `self_weight` the weight the
+    query's own value takes besides. `score_mod` is the same bias for FlexAttention. A data-dependent kind reads
+    the attention input through `token_state`; the KV cache keeps that state beside the keys."""
 
-    own_attention = False  # True: attention is this module's explicit weights over its logits, not fused SDPA
+    normalised = True  # False: tile_scores are log-weights already normalised over the keys (stick-breaking)
+    state_reach = 0  # earlier tokens a token's state reads (PaTH's convolution): a windowed KV cache keeps them
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype, length: int | None = None) -> Any:
         """Whatever `rotate` needs for these positions ((seq,) or (batch, seq)), computed once per forward.
@@ -59,18 +67,6 @@ class PositionModule(nn.Module):
         None (a kind of positions alone)."""
         return None
 
-    def score_bias(self, q_positions: torch.Tensor, kv_len: int, layer: int = 0) -> torch.Tensor | None:
-        """Additive float bias (heads, seq, kv_len) on the scaled attention logits of queries at q_positions (seq,)
-        over keys 0..kv_len-1 at `layer`, or None (most kinds)."""
-        return None
-
-    def content_bias(self, q: torch.Tensor, past: int, layer: int = 0,
-                     state: torch.Tensor | None = None) -> torch.Tensor | None:
-        """Additive float bias (batch, heads, seq, past + seq) that depends on the content, of queries q (batch,
-        heads, seq, d) at positions past.. over keys 0.., from q itself (GRAPE-A) or the keys' token state (FoX);
-        None (most kinds). Its entries above the causal diagonal are ignored."""
-        return None
-
     def softmax_scale(self, width: int) -> float:
         """The factor on q'·k' before the softmax, for transformed q/k of `width` channels: 1/√width (SDPA's
         default) unless the kind widens q and k (PoPE: 1/√head_dim)."""
@@ -81,74 +77,44 @@ class PositionModule(nn.Module):
         `hf_rotary`, so HF's W_q/W_k rows are Bᵀ·W (exact export); None: B = I (rope, hdrope)."""
         return None
 
-    def logits(self, q: torch.Tensor, k: torch.Tensor, past: int, layer: int = 0,
-               state: torch.Tensor | None = None) -> torch.Tensor:
-        """The attention logits (batch, heads, seq, past + seq) the softmax sees, -inf where the causal mask hides a
-        key: q·k times `softmax_scale` plus the score bias. q (batch, heads, seq, d) sits at positions past..,
-        k (batch, kv_heads, past + seq, d) at 0.. (grouped-query keys are shared by their query heads); state, the
-        keys' `token_state` (batch, heads, past + seq, ...) where the kind has one."""
-        s, kv = q.shape[-2], k.shape[-2]
-        keys = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        out = q @ keys.transpose(-1, -2) * self.softmax_scale(q.shape[-1])
-        bias = self.score_bias(torch.arange(past, kv, device=q.device), kv, layer)
-        if bias is not None:
-            out = out + bias.to(out.dtype)
-        extra = self.content_bias(q, past, layer, state)
-        if extra is not None:
-            out = out + extra.to(out.dtype)
-        return out.masked_fill(~causal_mask(s, past, q.device), float("-inf"))
+    def prepare(self, call: AttentionCall, block: int) -> Prepared:
+        """What this call's tiles read, computed once per call (with gradients) over its whole queries and keys; the
+        tiled path cuts it into blocks of `block` tokens at token indices that are multiples of `block` (0: one
+        tile holds every query and key)."""
+        return Prepared()
 
-    def bias_key(self, layer: int) -> int:
-        """Layers with the same key see the same score bias: within one forward pass its mask is built once for
-        all of them (a bias shared by every layer, or a parameter-free one, answers 0)."""
-        return layer
+    def tile_bias(self, t: Tile) -> torch.Tensor | None:
+        """The additive bias (batch or 1, heads, queries, keys) on the tile's scaled logits, or None (a kind of q·k
+        alone). Entries the mask hides are ignored."""
+        return None
 
-    def weights(self, q: torch.Tensor, k: torch.Tensor, past: int, layer: int = 0,
-                state: torch.Tensor | None = None) -> torch.Tensor:
-        """The attention weights (batch, heads, seq, past + seq), float32 (float64 for float64 q), each row summing
-        to 1: the softmax of `logits` (arguments as there) unless the kind attends otherwise."""
-        logits = self.logits(q, k, past, layer, state)
-        return torch.softmax(logits.to(compute_dtype(q.dtype)), dim=-1)
+    def tile_scores(self, t: Tile, carry: Any = None) -> tuple[torch.Tensor, Any]:
+        """The tile's scores (batch, heads, queries, keys) in the score dtype and the carry for the next tile
+        (earlier keys): logits q'·k'·scale plus `tile_bias`, or, with `normalised` False, log-weights. Entries the
+        mask hides are ignored (the path hides them)."""
+        out = t.qk() * self.softmax_scale(t.q.shape[-1])
+        bias = self.tile_bias(t)
+        return (out if bias is None else out + bias.to(out.dtype)), carry
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int, layer: int = 0,
-               masks: dict | None = None, state: torch.Tensor | None = None) -> torch.Tensor:
-        """Causal attention output (batch, heads, seq, d) of queries at positions past.. over keys and values at
-        0..past+seq-1 (k, v with kv_heads heads): fused SDPA (the bias as a float mask) unless `own_attention`.
-        `masks`, one dict per forward pass, keeps the bias masks built in it for the layers after; state is the
-        keys' `token_state` where the kind has one."""
-        s, gqa, scale = q.shape[-2], k.shape[1] != q.shape[1], self.softmax_scale(q.shape[-1])
-        if self.own_attention:
-            probs = self.weights(q, k, past, layer, state).to(v.dtype)
-            return probs @ v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-        mask = self._bias_mask(s, past, layer, q.dtype, q.device, masks)
-        extra = self.content_bias(q, past, layer, state)
-        if extra is not None:  # a bias of the content (one per batch row) joins the causal mask and any score bias
-            causal = causal_mask(s, past, q.device)
-            mask = extra.to(q.dtype).masked_fill(~causal, float("-inf")) if mask is None else extra.to(q.dtype) + mask
-        if mask is not None:  # attention-bias encodings: causal mask and bias as one float mask
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa, scale=scale)
-        if past == 0:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa, scale=scale)
-        # queries sit at the end of the keys: causal mask aligned bottom-right
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(s, past, q.device), enable_gqa=gqa,
-                                              scale=scale)
+    def self_weight(self, carry: Any) -> torch.Tensor | None:
+        """The weight (batch, heads, queries) each query's own value takes besides its tiles' weights, from the
+        last carry (stick-breaking's leftover stick); None for a softmax."""
+        return None
 
-    def _bias_mask(self, s: int, past: int, layer: int, dtype: torch.dtype, device: torch.device,
-                   masks: dict | None) -> torch.Tensor | None:
-        """The score bias with the causal mask as one additive float mask, or None for a kind without a bias."""
-        key = ("bias", self.bias_key(layer), s, past, dtype)
-        if masks is not None and key in masks:
-            return masks[key]
-        bias = self.score_bias(torch.arange(past, past + s, device=device), past + s, layer)
-        mask = None if bias is None else bias.to(dtype).masked_fill(~causal_mask(s, past, device), float("-inf"))
-        if masks is not None:
-            masks[key] = mask
-        return mask
+    def score_mod(self, call: AttentionCall, prep: Prepared) -> Callable | None:
+        """FlexAttention's score_mod for this call (score, b, h, q_idx, kv_idx) -> score, the same logits as
+        `tile_scores`; None for a kind of q·k alone."""
+        return None
 
-
-def causal_mask(seq: int, past: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """(seq, past + seq) bool, True where query past + i may see key j (j <= past + i): bottom-right aligned."""
-    return torch.ones(seq, past + seq, dtype=torch.bool, device=device).tril(diagonal=past)
+    @classmethod
+    def scores_kind(cls) -> str:
+        """What the kind's scores are: 'plain' (q·k), 'bias' (q·k plus `tile_bias`; 'flex-bias' when it also has a
+        `score_mod`), or 'own' (its own `tile_scores`)."""
+        if cls.tile_scores is not PositionModule.tile_scores:
+            return "own"
+        if cls.tile_bias is PositionModule.tile_bias:
+            return "plain"
+        return "flex-bias" if cls.score_mod is not PositionModule.score_mod else "bias"
 
 
 def positions_bound(positions: torch.Tensor, length: int | None = None) -> int:
@@ -156,11 +122,6 @@ def positions_bound(positions: torch.Tensor, length: int | None = None) -> int:
     if length is not None:
         return int(length)
     return int(positions.max().item()) + 1 if positions.numel() else 1
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 stays float64 (reference tests); everything else computes phases' cos/sin in float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 class CosSinCache(nn.Module):

@@ -1,5 +1,6 @@
-"""What the learned attention-bias kinds share (FIRE, KERPLE, T5 bias): one bias table per layer or one for all
-layers, query-key distances, a private initialisation generator, and their identity row and checks."""
+"""What the position-bias kinds share (ALiBi, FIRE, KERPLE, T5 bias): the bias as a function of head, query and key
+position for the tiles and for FlexAttention, one learned table per layer or one for all layers, query-key
+distances, a private initialisation generator, and their identity row and checks."""
 
 from __future__ import annotations
 
@@ -14,28 +15,53 @@ from trainer.model.encodings.kind import identity_row
 NO_BIAS_EXPORT = "HF Llama's attention takes no additive position bias, so the learned bias has no counterpart there"
 
 
-class LayerBias(PositionModule):
-    """A learned bias of query and key positions, with parameters per layer or `shared` by every layer.
+class PositionBias(PositionModule):
+    """A bias of the query and key positions alone (ALiBi, FIRE, KERPLE, T5): `head_bias` says it for broadcast
+    head indices and positions, which serves the tiles (every head at once) and FlexAttention (one score at a
+    time) alike; a kind may compute whole tiles faster in `bias`."""
 
-    Subclasses hold their parameters with a leading dimension of `tables` (1 when shared, else n_layers) and say
-    what the bias of one table is (`bias`). The bias is (heads, seq, kv_len) floats per layer: SDPA reads it as
-    its additive mask, broadcast over the batch."""
-
-    def __init__(self, n_layers: int, shared: bool) -> None:
-        super().__init__()
-        self.shared = bool(shared)
-        self.tables_count = 1 if shared else int(n_layers)
-
-    def bias(self, query: torch.Tensor, key: torch.Tensor, table: int) -> torch.Tensor:
-        """(heads, seq, kv_len) float32 bias of integer query positions (seq, 1) over key positions (1, kv_len)."""
+    def head_bias(self, head: torch.Tensor, query: torch.Tensor, key: torch.Tensor, layer: int) -> torch.Tensor:
+        """The bias at broadcastable int64 head indices, query positions and key positions, float32."""
         raise NotImplementedError
 
-    def bias_key(self, layer):
-        return 0 if self.shared else layer
+    def bias(self, query: torch.Tensor, key: torch.Tensor, layer: int) -> torch.Tensor:
+        """(batch or 1, heads, queries, keys) float32 bias of query positions (batch or 1, 1, queries, 1) over key
+        positions (batch or 1, 1, 1, keys)."""
+        heads = torch.arange(self.heads, device=query.device).view(1, -1, 1, 1)
+        return self.head_bias(heads, query, key, layer)
 
-    def score_bias(self, q_positions, kv_len, layer=0):
-        key = torch.arange(kv_len, device=q_positions.device)[None, :]
-        return self.bias(q_positions[:, None].to(key.device), key, self.bias_key(layer))
+    def tile_bias(self, t):
+        return self.bias(t.q_pos[:, None, :, None], t.k_pos[:, None, None, :], t.layer)
+
+    def score_bias(self, q_positions: torch.Tensor, kv_len: int, layer: int = 0) -> torch.Tensor:
+        """(heads, seq, kv_len) bias of queries at q_positions (seq,) over keys at positions 0..kv_len-1."""
+        keys = torch.arange(kv_len, device=q_positions.device)
+        return self.bias(q_positions.view(1, 1, -1, 1), keys.view(1, 1, 1, -1), layer)[0]
+
+    def score_mod(self, call, prep):
+        b = call.q.shape[0]
+        query, key, layer = call.q_pos.expand(b, -1), call.k_pos.expand(b, -1), call.layer
+
+        def mod(score, batch, head, q_idx, kv_idx):
+            return score + self.head_bias(head, query[batch, q_idx], key[batch, kv_idx], layer).to(score.dtype)
+
+        return mod
+
+
+class LayerBias(PositionBias):
+    """A learned bias of query and key positions, with parameters per layer or `shared` by every layer.
+
+    Subclasses hold their parameters with a leading dimension of `tables_count` (1 when shared, else n_layers) and
+    read table `table(layer)`."""
+
+    def __init__(self, n_layers: int, n_heads: int, shared: bool) -> None:
+        super().__init__()
+        self.shared, self.heads = bool(shared), int(n_heads)
+        self.tables_count = 1 if shared else int(n_layers)
+
+    def table(self, layer: int) -> int:
+        """Which parameter table `layer` reads."""
+        return 0 if self.shared else layer
 
 
 def distance(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from trainer.model.encodings.base import EncodingShape, PositionModule, causal_mask
+from trainer.model.encodings.base import EncodingShape, PositionModule
 from trainer.model.encodings.bias import bias_identity, int_problem, table_count
 from trainer.model.encodings.kind import EncodingKind
 
@@ -23,13 +23,6 @@ class CoPEConfig:
     shared: bool = False
 
 
-def cope_positions(qk: torch.Tensor, visible: torch.Tensor, npos: int) -> torch.Tensor:
-    """Contextual position of each key for each query: p_ij = Σ_{t=j..i} σ(q_i·k_t/√d) over the visible keys,
-    capped at npos - 1. qk holds the scaled logits q·k/√d (..., seq, kv_len); visible the causal mask."""
-    gates = torch.sigmoid(qk) * visible
-    return gates.flip(-1).cumsum(-1).flip(-1).clamp(max=npos - 1)
-
-
 def interpolated(table: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """table (..., npos) read at fractional positions pos (..., kv_len): linear between ⌊p⌋ and ⌈p⌉."""
     low, high = pos.floor(), pos.ceil()
@@ -38,12 +31,10 @@ def interpolated(table: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
 
 
 class CoPE(PositionModule):
-    """logits_ij = (q_i·k_j + q_i·e[p_ij]) / √d with p_ij the contextual position (`cope_positions`) and q·e[p]
-    interpolated between the integer positions' q·e; no q/k rotation. The positions need q and k, so this kind
-    computes its logits and softmax itself (`own_attention`): (batch, heads, seq, kv_len) floats several times over
-    per layer, no fused SDPA. Nothing reads absolute positions, so shifting every position changes nothing."""
-
-    own_attention = True
+    """logits_ij = (q_i·k_j + q_i·e[p_ij]) / √d with p_ij = Σ_{t=j..i} σ(q_i·k_t/√d) over the visible keys, capped at
+    npos - 1 (the contextual position), and q·e[p] interpolated between the integer positions' q·e; no q/k rotation.
+    Tiles come from the query back, so a tile's carry is the gate sum of its later keys (and the query block's q·e).
+    Nothing reads absolute positions, so shifting every position changes nothing."""
 
     def __init__(self, npos: int, shared: bool, shape: EncodingShape) -> None:
         super().__init__()
@@ -54,16 +45,21 @@ class CoPE(PositionModule):
     def extra_repr(self) -> str:
         return f"npos={self.npos}, shared={self.shared}"
 
-    def logits(self, q, k, past, layer=0, state=None):
-        s, d = q.shape[-2], q.shape[-1]
-        keys = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        qf = q.float()
-        qk = qf @ keys.float().transpose(-1, -2)
-        visible = causal_mask(s, past, q.device)
-        pos = cope_positions(qk / math.sqrt(d), visible, self.npos)
-        at_integers = qf @ self.emb[0 if self.shared else layer].float()  # (batch, heads, seq, npos)
-        out = (qk + interpolated(at_integers, pos)) / math.sqrt(d)
-        return out.masked_fill(~visible, float("-inf"))  # float32: the softmax reads them unrounded
+    def tile_scores(self, t, carry=None):
+        scale = 1 / math.sqrt(t.q.shape[-1])
+        qk = t.qk()
+        gates = torch.sigmoid(qk * scale)
+        if t.visible is not None:
+            gates = gates * t.visible
+        later, at_integers = carry if carry is not None else (None, None)
+        if at_integers is None:  # q·e at every integer position, once per query block
+            at_integers = t.q.to(t.dtype) @ self.emb[0 if self.shared else t.layer].to(t.dtype)
+        counted = gates.flip(-1).cumsum(-1).flip(-1)
+        total = gates.sum(-1, keepdim=True)
+        if later is not None:
+            counted, total = counted + later, total + later
+        pos = counted.clamp(max=self.npos - 1)
+        return (qk + interpolated(at_integers, pos)) * scale, (total, at_integers)
 
 
 def _npos(pe: CoPEConfig, s: EncodingShape) -> int:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.model.encodings import alibi, fire, kerple
-from trainer.model.encodings.base import EncodingShape, PositionModule, causal_mask, compute_dtype
+from trainer.model.encodings.base import EncodingShape, PositionModule
 from trainer.model.encodings.bias import generator, int_problem
 from trainer.model.encodings.kind import EncodingKind, identity_row
 
@@ -46,10 +46,8 @@ def base_config(pe: DAPEConfig) -> Any:
 
 class DAPE(PositionModule):
     """logits = x + b + MLP([x; b]) over the heads at each query-key pair, with x = q·k/√d and b the base kind's
-    score bias, then the causal mask and the softmax (its own attention: the MLP reads the logits). The MLP mixes
-    the heads pointwise, so a key the causal mask hides never changes a visible logit."""
-
-    own_attention = True
+    position bias, then the mask and the softmax (its own scores: the MLP reads the logits of every head, so a tile
+    holds every head). The MLP mixes the heads pointwise, so a key the mask hides never changes a visible logit."""
 
     def __init__(self, pe: DAPEConfig, shape: EncodingShape) -> None:
         super().__init__()
@@ -76,13 +74,9 @@ class DAPE(PositionModule):
         mixed = F.linear(hidden, self.w2[layer].to(x.dtype), self.b2[layer].to(x.dtype)).permute(0, 3, 1, 2)
         return x + b + mixed
 
-    def logits(self, q, k, past, layer=0, state=None):
-        s, kv = q.shape[-2], k.shape[-2]
-        keys = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        dtype = compute_dtype(q.dtype)  # float32, float64 for float64 q
-        x = q.to(dtype) @ keys.to(dtype).transpose(-1, -2) * self.softmax_scale(q.shape[-1])
-        bias = self.base.score_bias(torch.arange(past, kv, device=q.device), kv, layer)
-        return self.mix(x, bias[None], layer).masked_fill(~causal_mask(s, past, q.device), float("-inf"))
+    def tile_scores(self, t, carry=None):
+        x = t.qk() * self.softmax_scale(t.q.shape[-1])
+        return self.mix(x, self.base.tile_bias(t), t.layer), carry
 
 
 def _problems(pe: DAPEConfig, s: EncodingShape) -> list[str]:

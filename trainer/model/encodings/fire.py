@@ -47,7 +47,7 @@ class Fire(LayerBias):
 
     def __init__(self, width: int, init_c: float, init_threshold: float, shared: bool, seed: int,
                  shape: EncodingShape) -> None:
-        super().__init__(shape.n_layers, shared)
+        super().__init__(shape.n_layers, shape.n_heads, shared)
         t, h, gen = self.tables_count, shape.n_heads, generator(seed)
 
         def uniform(*size: int, fan_in: int) -> nn.Parameter:
@@ -63,16 +63,27 @@ class Fire(LayerBias):
         return f"mlp_width={self.w1.shape[1]}, shared={self.shared}"
 
     def normalised(self, query: torch.Tensor, key: torch.Tensor, table: int) -> torch.Tensor:
-        """ψ(i - j) / (ψ(max(i, L)) + ε): (seq, kv_len) float32, in [0, 1] up to ε for i <= L."""
+        """ψ(i - j) / (ψ(max(i, L)) + ε) of broadcastable query and key positions, float32, in [0, 1] up to ε for
+        i <= L."""
         c = self.c[table].float().abs()
         threshold = (self.multiplier[table].float() * self.init_threshold).abs()
         norm = torch.log1p(c * torch.maximum(query.to(torch.float32), threshold)) + EPS
         return torch.log1p(c * distance(query, key)) / norm
 
-    def bias(self, query, key, table):
-        x = self.normalised(query, key, table).unsqueeze(-1)
-        hidden = F.relu(F.linear(x, self.w1[table].float(), self.b1[table].float()))
-        return F.linear(hidden, self.w2[table].float(), self.b2[table].float()).permute(2, 0, 1)
+    def bias(self, query, key, layer):  # the MLP as two matmuls over a tile's pairs, every head at once
+        t = self.table(layer)
+        x = self.normalised(query[:, 0], key[:, 0], t).unsqueeze(-1)  # (batch or 1, q, k, 1)
+        hidden = F.relu(F.linear(x, self.w1[t].float(), self.b1[t].float()))
+        return F.linear(hidden, self.w2[t].float(), self.b2[t].float()).permute(0, 3, 1, 2)
+
+    def head_bias(self, head, query, key, layer):  # one head at a time: the MLP's hidden units one by one
+        t = self.table(layer)
+        x = self.normalised(query, key, t)
+        w1, b1, w2 = self.w1[t, :, 0].float(), self.b1[t].float(), self.w2[t][head].float()
+        out = self.b2[t][head].float()
+        for unit in range(w1.shape[0]):
+            out = out + w2[..., unit] * F.relu(w1[unit] * x + b1[unit])
+        return out
 
 
 def _problems(pe: FireConfig, s: EncodingShape) -> list[str]:

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainer.model.attention.call import Prepared
 from trainer.model.encodings.base import EncodingShape, PositionModule, compute_dtype
 from trainer.model.encodings.bias import generator, positive_problem
 from trainer.model.encodings.kind import EncodingKind, identity_row
@@ -26,19 +27,12 @@ class FoXConfig:
     seed: int = 0
 
 
-def decay_bias(log_gates: torch.Tensor, queries: int) -> torch.Tensor:
-    """D_ij = Σ_{j<t≤i} log f_t for the last `queries` positions i over every key j: (batch, heads, queries, kv_len)
-    float32 (float64 for float64 gates) from log gates (batch, heads, kv_len); the official cumulative-sum
-    difference (positive above the diagonal, where the causal mask hides it)."""
-    cum = torch.cumsum(log_gates.to(compute_dtype(log_gates.dtype)), dim=-1)
-    return cum[..., -queries:, None] - cum[..., None, :]
-
-
 class FoX(PositionModule):
-    """logits_ij = q_i·k_j/√d + Σ_{j<t≤i} log σ(w_h·x_t + b_h): forgetting attention, the decay its `content_bias`
-    (fused SDPA takes it, one per batch row, as its float mask). The gates read the attention input (`token_state`),
-    one per query head: the official code has no grouped-query attention, and here a KV group's query heads each
-    keep their own gate. Nothing reads absolute positions, so shifting every position changes nothing."""
+    """logits_ij = q_i·k_j/√d + Σ_{j<t≤i} log σ(w_h·x_t + b_h): forgetting attention. The gates read the attention
+    input (`token_state`), one per query head: the official code has no grouped-query attention, and here a KV
+    group's query heads each keep their own gate. The decay is a difference of one cumulative sum of the log gates
+    over the held keys (`prepare`), so a tile reads it at its queries and keys. Nothing reads absolute positions, so
+    shifting every position changes nothing."""
 
     def __init__(self, init_std: float, seed: int, shape: EncodingShape) -> None:
         super().__init__()
@@ -54,8 +48,20 @@ class FoX(PositionModule):
         logit = F.linear(x, self.gate_weight[layer], self.gate_bias[layer])  # (batch, seq, heads)
         return F.logsigmoid(logit.to(compute_dtype(logit.dtype))).transpose(1, 2)  # float32 before the log, as FoX's
 
-    def content_bias(self, q, past, layer=0, state=None):
-        return decay_bias(state, q.shape[-2])
+    def prepare(self, call, block):
+        cum = torch.cumsum(call.state.to(call.dtype), dim=-1)  # (batch, heads, keys)
+        return Prepared(queries={"cum": cum[..., -call.q.shape[-2]:]}, keys={"cum": cum})
+
+    def tile_bias(self, t):
+        return t.pq["cum"][..., :, None] - t.pk["cum"][..., None, :]
+
+    def score_mod(self, call, prep):
+        q_cum, k_cum = prep.queries["cum"], prep.keys["cum"]
+
+        def mod(score, batch, head, q_idx, kv_idx):
+            return score + (q_cum[batch, head, q_idx] - k_cum[batch, head, kv_idx]).to(score.dtype)
+
+        return mod
 
 
 NO_EXPORT = "its forget gates read each token's hidden state inside the attention, which HF Llama cannot express"

@@ -2,9 +2,9 @@
 
 Each head's channels split into contiguous blocks of `block` channels; block b of layer l (and KV head h)
 turns by R(m) = exp(m·s·S[l, h, b]) at position m, S skew-symmetric and s the kind's position scale. Once per
-forward and layer: one matrix exponential, two tables of about √L powers of it (float64, by doubling) and one batched
-product R(m) = R(B·⌊m/B⌋)·R(m mod B) for the positions in use; no exponential per position. q and k are then mixed
-block by block, one matmul per position and block over every vector at that position.
+forward and layer: one matrix exponential and two tables of about √L powers of it (float64, by doubling), so
+R(m) = R(B·⌊m/B⌋)·R(m mod B); q and k are turned by the low power, then the high one, gathered for a chunk of
+positions at a time. No exponential and no rotation matrix per position is kept.
 Because every R(m) is orthogonal and R(m)ᵀR(n) = R(n - m), q'·k' depends on m - n only.
 """
 
@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from trainer.model.encodings.base import PositionModule, compute_dtype, positions_bound
 
@@ -61,40 +63,81 @@ class GeneratorRotary(PositionModule):
 
     def tables(self, positions, dtype, length=None):
         pos = positions if positions.dim() == 2 else positions.unsqueeze(0)
-        return pos, positions_bound(pos, length), compute_dtype(dtype), {}  # {}: this forward's rotations
+        first = int(pos[0, 0]) if pos.shape[0] == 1 and pos.shape[1] else None
+        if first is not None and not torch.equal(pos[0], torch.arange(first, first + pos.shape[1], device=pos.device)):
+            first = None  # not one run of consecutive positions shared by the batch
+        return pos, positions_bound(pos, length), compute_dtype(dtype), first, {}  # {}: this forward's tables
 
-    def rotations(self, layer: int, pos: torch.Tensor, bound: int, dtype: torch.dtype) -> torch.Tensor:
-        """R(m) at the positions (batch, seq): (batch, KV heads or 1, seq, n_blocks, block, block) in dtype.
-
-        R(m) = R(B·⌊m/B⌋)·R(m mod B), B = ⌈√bound⌉, from two tables of about √bound powers formed in float64 (a
-        power R^m formed in float32 is off by about m·1e-7 of |x|), multiplied once in dtype."""
+    def power_tables(self, layer: int, bound: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(low, high, B): R^r for r < B and R^(B·t) for t < ⌈bound / B⌉, each (gens, n_blocks, powers, block,
+        block) in dtype, B = ⌈√bound⌉, so that R(m) = high[m // B] · low[m % B]. Formed in float64 (a power R^m
+        formed in float32 is off by about m·1e-7 of |x|), cast once."""
         step = torch.linalg.matrix_exp(self.generator(layer) * self.scale)
         size = math.isqrt(max(bound - 1, 0)) + 1
-        low = matrix_powers(step, size).to(dtype).transpose(0, 2)  # (size, n_blocks, heads, block, block)
-        high = matrix_powers(torch.linalg.matrix_power(step, size), (bound - 1) // size + 1).to(dtype).transpose(0, 2)
-        flat = pos.reshape(-1).to(low.device)
-        rot = high.index_select(0, torch.div(flat, size, rounding_mode="floor")) @ low.index_select(0, flat % size)
-        return rot.reshape(*pos.shape, *rot.shape[1:]).permute(0, 3, 1, 2, 4, 5)
+        low = matrix_powers(step, size).to(dtype)
+        high = matrix_powers(torch.linalg.matrix_power(step, size), (bound - 1) // size + 1).to(dtype)
+        return low, high, size
 
-    def mix(self, x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
-        """R·x block by block: x (batch, heads, seq, d); rot from `rotations`, its heads 1 or a divisor of x's
-        (x's heads in groups of heads/rot-heads share one generator, as query heads share their KV head's)."""
+    def turn(self, x: torch.Tensor, pos: torch.Tensor, first: int | None, low: torch.Tensor, high: torch.Tensor,
+             size: int) -> torch.Tensor:
+        """R(m)·x block by block for x (batch, heads, seq, d) at positions (batch or 1, seq): the low power, then the
+        high one, so no rotation per position is formed. Consecutive positions shared by the batch (from `first`)
+        are laid on a grid of B columns, each power one matrix product over every vector it turns; other positions
+        gather their powers a chunk at a time (recomputed in the backward, not kept). x's heads in groups of
+        heads/gens share one generator, as query heads share their KV head's."""
         b, h, s, d = x.shape
-        gens = rot.shape[1]
-        if rot.shape[0] != 1:  # positions per batch row: one small product per vector
-            rot = rot.repeat_interleave(h // gens, dim=1)
-            xb = x.to(rot.dtype).reshape(b, h, s, self.n_blocks, self.block)
-            return torch.einsum("bhsnij,bhsnj->bhsni", rot, xb).reshape(b, h, s, d).to(x.dtype)
-        # positions shared by the batch: each R(m) turns every vector at m in one matmul (batched over m, blocks)
-        xb = x.to(rot.dtype).reshape(b, gens, h // gens, s, self.n_blocks, self.block)
-        cols = xb.permute(1, 3, 4, 5, 0, 2).reshape(gens, s, self.n_blocks, self.block, -1)
-        out = (rot[0] @ cols).reshape(gens, s, self.n_blocks, self.block, b, h // gens)
-        return out.permute(4, 0, 5, 1, 2, 3).reshape(b, h, s, d).to(x.dtype)
+        gens, rows = low.shape[0], pos.shape[0]
+        xb = x.to(low.dtype).reshape(rows, b // rows, gens, h // gens, s, self.n_blocks, self.block)
+        cols = xb.permute(0, 4, 2, 5, 6, 1, 3).reshape(rows, s, gens, self.n_blocks, self.block, -1)
+        if first is not None:
+            out = _turn_grid(cols[0], first, low, high, size)[None]
+        else:
+            pieces = []
+            for start in range(0, s, POSITION_CHUNK):
+                chunk = pos[:, start:start + POSITION_CHUNK].to(low.device)
+                part = cols[:, start:start + POSITION_CHUNK]
+                if torch.is_grad_enabled():
+                    part = checkpoint(_turn_chunk, part, chunk, low, high, size, use_reentrant=False,
+                                      preserve_rng_state=False)
+                else:
+                    part = _turn_chunk(part, chunk, low, high, size)
+                pieces.append(part)
+            out = torch.cat(pieces, dim=1)
+        out = out.reshape(rows, s, gens, self.n_blocks, self.block, b // rows, h // gens)
+        return out.permute(0, 5, 2, 6, 1, 3, 4).reshape(b, h, s, d).to(x.dtype)
 
     def rotate(self, q, k, tables, layer=0):
-        pos, bound, dtype, done = tables
+        pos, bound, dtype, first, done = tables
         index = self.generator_index(layer)
-        if index not in done:  # layers that share a generator share its rotations within one forward
-            done[index] = self.rotations(index, pos, bound, dtype)
-        rot = done[index]
-        return self.mix(q, rot), self.mix(k, rot)
+        if index not in done:  # layers that share a generator share its tables within one forward
+            done[index] = self.power_tables(index, bound, dtype)
+        low, high, size = done[index]
+        return self.turn(q, pos, first, low, high, size), self.turn(k, pos, first, low, high, size)
+
+
+POSITION_CHUNK = 256  # positions whose rotations are gathered at once
+
+
+def _turn_grid(cols: torch.Tensor, first: int, low: torch.Tensor, high: torch.Tensor, size: int) -> torch.Tensor:
+    """high[m // B] · (low[m % B] · cols) for cols (seq, gens, n_blocks, block, columns) at positions first.., laid
+    on rows of B positions: each low power turns its column of every row at once, each high power its row."""
+    s, gens, nb, blk, c = cols.shape
+    front = first % size
+    back = -(front + s) % size
+    grid = F.pad(cols, (0, 0, 0, 0, 0, 0, 0, 0, front, back)).view(-1, size, gens, nb, blk, c)
+    rows, top = grid.shape[0], first // size
+    by_column = grid.permute(1, 2, 3, 4, 0, 5).reshape(size, gens, nb, blk, rows * c)
+    turned = (low.permute(2, 0, 1, 3, 4) @ by_column).view(size, gens, nb, blk, rows, c)
+    by_row = turned.permute(4, 1, 2, 3, 0, 5).reshape(rows, gens, nb, blk, size * c)
+    out = (high[:, :, top:top + rows].permute(2, 0, 1, 3, 4) @ by_row).view(rows, gens, nb, blk, size, c)
+    return out.permute(0, 4, 1, 2, 3, 5).reshape(rows * size, gens, nb, blk, c)[front:front + s]
+
+
+def _turn_chunk(cols: torch.Tensor, pos: torch.Tensor, low: torch.Tensor, high: torch.Tensor, size: int
+                ) -> torch.Tensor:
+    """high[m // B] · (low[m % B] · cols) for cols (rows, chunk, gens, n_blocks, block, columns) at positions
+    (rows, chunk); tables (gens, n_blocks, powers, block, block)."""
+    flat = pos.reshape(-1)
+    pick = lambda table, idx: table.index_select(2, idx).unflatten(2, pos.shape).permute(2, 3, 0, 1, 4, 5)  # noqa: E731
+    turned = pick(low, flat % size) @ cols
+    return pick(high, torch.div(flat, size, rounding_mode="floor")) @ turned

@@ -11,9 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainer.model.attention.call import Prepared
 from trainer.model.encodings.alibi import alibi_slopes
-from trainer.model.encodings.base import EncodingShape, PositionModule, compute_dtype
-from trainer.model.encodings.bias import distance, generator, positive_problem
+from trainer.model.encodings.base import EncodingShape, PositionModule
+from trainer.model.encodings.bias import generator, positive_problem
 from trainer.model.encodings.kind import EncodingKind, identity_row
 
 
@@ -29,7 +30,7 @@ class GrapeAConfig:
 
 class GrapeA(PositionModule):
     """b_h(i, j) = -(i - j) · softplus(ω̃_h) · slope_h · softplus(v̂_h·q_i / √d), slope_h ALiBi's and v̂_h = v_h/‖v_h‖,
-    added to the logits of query i (`content_bias`: fused SDPA takes it, one per batch row, as its float mask). The
+    added to the logits of query i (the gate once per call in `prepare`, the bias per tile in `tile_bias`). The
     gate reads the query after the model's projection: the official model normalises q first (its QK RMSNorm), the
     lab's backbone has no QK norm. Nothing reads absolute positions, so shifting every position changes nothing."""
 
@@ -44,15 +45,27 @@ class GrapeA(PositionModule):
     def extra_repr(self) -> str:
         return f"layers={self.omega.shape[0]}, heads={self.omega.shape[1]}"
 
-    def content_bias(self, q, past, layer=0, state=None):
-        dtype = compute_dtype(q.dtype)  # float32 as the official code; float64 for float64 q
+    def prepare(self, call, block):
+        dtype = call.dtype  # float32 as the official code; float64 for float64 q
+        q, layer = call.q, call.layer
         v = F.normalize(self.v[layer].to(dtype), p=2, dim=-1, eps=1e-6)
-        gate = F.softplus((q.to(dtype) * v[None, :, None, :]).sum(-1) / math.sqrt(q.shape[-1]))  # (b, h, seq)
+        gate = F.softplus((q.to(dtype) * v[None, :, None, :]).sum(-1) / math.sqrt(q.shape[-1]))  # (b, h, queries)
         slope = F.softplus(self.omega[layer].to(dtype)) * self.slopes.to(dtype)  # (heads,)
-        s = q.shape[-2]
-        dist = distance(torch.arange(past, past + s, device=q.device)[:, None],
-                        torch.arange(past + s, device=q.device)[None, :]).to(dtype)
-        return -dist * slope[:, None, None] * gate[..., None]
+        return Prepared(queries={"gate": gate}, other={"slope": slope})
+
+    def tile_bias(self, t):
+        return -t.distance() * t.other["slope"][:, None, None] * t.pq["gate"][..., None]
+
+    def score_mod(self, call, prep):
+        b = call.q.shape[0]
+        query, key = call.q_pos.expand(b, -1), call.k_pos.expand(b, -1)
+        gate, slope = prep.queries["gate"], prep.other["slope"]
+
+        def mod(score, batch, head, q_idx, kv_idx):
+            dist = (query[batch, q_idx] - key[batch, kv_idx]).clamp(min=0).to(gate.dtype)
+            return score - (dist * slope[head] * gate[batch, head, q_idx]).to(score.dtype)
+
+        return mod
 
 
 NO_EXPORT = "its distance penalty is gated by each query's content, and HF Llama's attention takes no additive bias"

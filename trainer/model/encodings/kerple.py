@@ -32,7 +32,7 @@ class Kerple(LayerBias):
     so the gradient is that of the projected values. Translation-invariant."""
 
     def __init__(self, variant: str, shared: bool, seed: int, shape: EncodingShape) -> None:
-        super().__init__(shape.n_layers, shared)
+        super().__init__(shape.n_layers, shape.n_heads, shared)
         self.variant = variant
         gen = generator(seed)
         self.p = nn.Parameter(torch.rand(self.tables_count, shape.n_heads, generator=gen) * 2)
@@ -51,9 +51,10 @@ class Kerple(LayerBias):
         self.a.clamp_(min=EPS)
         self.p.clamp_(min=EPS, max=2.0 if self.variant == "power" else None)
 
-    def bias(self, query, key, table):
+    def head_bias(self, head, query, key, layer):
         dist = distance(query, key)
-        a, p = self.a[table].float()[:, None, None], self.p[table].float()[:, None, None]
+        t = self.table(layer)
+        a, p = self.a[t][head].float(), self.p[t][head].float()
         if self.variant == "log":
             return -p * torch.log1p(a * dist)
         return -a * dist.pow(p)

@@ -68,9 +68,10 @@ def _params(pe: LieREConfig, s: EncodingShape) -> int:
 
 
 def generator_flops(block: int, s: EncodingShape) -> float:
-    """R(m)·x on every block of q and k: 2·block·head_dim per head and layer forward, twice that backward (the
-    rotation table, formed per forward and layer and not per token, is left out)."""
-    return 6.0 * block * s.head_dim * (s.n_heads + s.n_kv_heads) * s.n_layers
+    """R(m)·x on every block of q and k as two products, the low power's then the high power's: 2·2·block·head_dim
+    per head and layer forward, twice that backward (the power tables, formed per forward and layer and not per
+    token, are left out)."""
+    return 12.0 * block * s.head_dim * (s.n_heads + s.n_kv_heads) * s.n_layers
 
 
 def _label(pe: LieREConfig) -> str:

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.model.encodings.base import EncodingShape, PositionModule, causal_mask, compute_dtype, kv_group
+from trainer.model.attention.call import Prepared
+from trainer.model.encodings.base import EncodingShape, PositionModule, compute_dtype
 from trainer.model.encodings.bias import generator, int_problem, positive_problem
 from trainer.model.encodings.kind import EncodingKind, identity_row
 
@@ -33,13 +34,12 @@ class PaTHConfig:
 
 class PaTH(PositionModule):
     """logits_ij = q_iᵀ H_i ⋯ H_{j+1} k_j / √d, H_t = I - β_t w_t w_tᵀ, per KV head (a group's query heads share its
-    transforms); no other position signal. The transforms depend on the tokens, so this kind computes its logits
-    itself (`own_attention`): one rank-one update per key and query, O(seq · kv_len · d) per head, by chunks
-    (`chunked_path_scores`) over a whole sequence and by one pass over the keys after a cached prefix. Its token
+    transforms); no other position signal. The transforms depend on the tokens, so this kind has its own scores,
+    by the UT transform of the Householder products (`tile_scores`): within a tile one triangular solve gives every
+    query's products over the tile's keys, and a query carried to its tile's start meets each earlier tile's keys,
+    carried to that tile's end (`prepare`), through the tiles between, O(seq · kv_len · d) per head in all. Its token
     state is each token's pre-convolution projection and β, so the KV cache can recompute the convolution across the
-    cached prefix."""
-
-    own_attention = True
+    cached prefix (`state_reach` tokens back); the convolution restarts at each document."""
 
     def __init__(self, pe: PaTHConfig, shape: EncodingShape) -> None:
         super().__init__()
@@ -54,7 +54,7 @@ class PaTH(PositionModule):
         self.beta_weight = normal(shape.n_kv_heads, shape.input_dim)
         self.beta_bias = nn.Parameter(torch.zeros(layers, shape.n_kv_heads))
         self.kv_heads, self.head_dim = shape.n_kv_heads, shape.head_dim
-        self.group = kv_group(shape.n_heads, shape.n_kv_heads)
+        self.state_reach = int(pe.conv_size) - 1
 
     def extra_repr(self) -> str:
         return f"w_rank={self.w_down.shape[1]}, conv_size={self.conv.shape[-1]}"
@@ -67,95 +67,94 @@ class PaTH(PositionModule):
         beta = 2 * torch.sigmoid(logit.to(compute_dtype(logit.dtype)))  # float32, as the official code
         return torch.cat([z.to(beta.dtype), beta.transpose(1, 2).unsqueeze(-1)], dim=-1)  # (b, kv heads, s, d + 1)
 
-    def directions(self, state: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def directions(self, state: torch.Tensor, layer: int, segments: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
         """(w, β): unit directions (batch, kv_heads, kv_len, d) and β (batch, kv_heads, kv_len) of every cached token:
-        the causal convolution (with SiLU) over the pre-convolution projections, then the L2 norm per head."""
+        the causal convolution (with SiLU) over the pre-convolution projections, restarting at each document of
+        `segments` (batch, kv_len), then the L2 norm per head."""
         z, beta = state[..., :-1], state[..., -1]
-        taps = self.conv.shape[-1]
+        taps, n = self.conv.shape[-1], z.shape[-2]
         weight = self.conv[layer].to(z.dtype).view(self.kv_heads, self.head_dim, taps)  # channel (head, dim)
         padded = F.pad(z, (0, 0, taps - 1, 0))  # causal: token t reads tokens t - taps + 1 .. t
-        mixed = sum(padded[..., i:i + z.shape[-2], :] * weight[None, :, None, :, i] for i in range(taps))
+        mixed = 0
+        for i in range(taps):
+            term = padded[..., i:i + n, :] * weight[None, :, None, :, i]
+            back = taps - 1 - i  # how many tokens back this tap reads
+            if segments is not None and back:
+                same = torch.zeros_like(segments, dtype=torch.bool)
+                same[:, back:] = segments[:, back:] == segments[:, :-back]
+                term = term * same[:, None, :, None]
+            mixed = mixed + term
         w = F.silu(mixed)
         return w * torch.rsqrt((w * w).sum(-1, keepdim=True) + L2_EPS), beta
 
-    def logits(self, q, k, past, layer=0, state=None):
-        s, kv = q.shape[-2], k.shape[-2]
-        dtype = compute_dtype(q.dtype)
-        w, beta = self.directions(state.to(dtype), layer)
-        w, beta = w.repeat_interleave(self.group, dim=1), beta.repeat_interleave(self.group, dim=1)
-        keys = k.to(dtype).repeat_interleave(self.group, dim=1)
-        if past == 0 and kv > CHUNK:
-            out = chunked_path_scores(q.to(dtype), keys, w, beta, CHUNK)
-        else:
-            out = path_scores(q.to(dtype), keys, w, beta, past)
-        out = out * self.softmax_scale(q.shape[-1])
-        return out.masked_fill(~causal_mask(s, past, q.device), float("-inf"))
+    def prepare(self, call, block):
+        w, beta = self.directions(call.state.to(call.dtype), call.layer, call.mask.segments)
+        keys = {"w": w, "beta": beta}
+        if block:  # each key carried to its tile's end, and what carries a query through the tile
+            keys["k_end"], keys["c"] = tile_ends(call.k.to(call.dtype), w, beta, call.mask.k_index, block)
+        return Prepared(keys=keys)
+
+    def tile_scores(self, t, carry=None):
+        b, h, s, d = t.q.shape
+        kvh = t.k.shape[1]
+        w, beta = t.pk["w"], t.pk["beta"]
+        if t.diagonal:  # the products within the tile, and each query carried to the tile's start
+            own = t.mask.q_index + t.i0 - (t.mask.k_index + t.j0)  # the first query's own key in the tile
+            q = t.q.to(t.dtype).view(b, kvh, h // kvh, s, d)
+            scores, carry = within_tile(q, t.k.to(t.dtype), w, beta, own)
+        else:  # a query carried to this tile's end meets its keys carried there, then moves on through the tile
+            u = carry
+            scores = u @ t.pk["k_end"][:, :, None].transpose(-1, -2)
+            carry = u - ((u @ t.pk["c"][:, :, None].transpose(-1, -2)) * beta[:, :, None, None, :]) @ w[:, :, None]
+        return scores.reshape(b, h, s, -1) * self.softmax_scale(d), carry
 
 
-CHUNK = 32  # positions per chunk of the chunked product: about √ of the compact lengths
+def _strict_lower(x: torch.Tensor) -> torch.Tensor:
+    return x.tril(diagonal=-1)
 
 
-def _reflect(x: torch.Tensor, w: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
-    """H x = x - β (w·x) w for rows x (..., d), directions w (..., d) and β (...) broadcast against them."""
-    return x - beta[..., None] * (x * w).sum(-1, keepdim=True) * w
+def within_tile(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, own: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """q_iᵀ H_i ⋯ H_{j+1} k_j (unscaled; (batch, kv heads, group, queries, keys)) for queries q (batch, kv heads,
+    group, queries, d) whose own keys are the tile's keys own.., over the tile's keys k, directions w and β (batch,
+    kv heads, keys, ...), and each query carried to the tile's start, q_iᵀ H_i ⋯ H_first.
+
+    With a_it = q_iᵀ H_i ⋯ H_{t+1} w_t for t <= i: a_it = q_i·w_t - Σ_{t<r<=i} a_ir β_r (w_r·w_t), so
+    A (I + β U) = (q·w, t <= i), U the strictly lower w·w; then q_iᵀ H_i ⋯ H_{j+1} k_j = q_i·k_j - Σ_{j<t<=i}
+    a_it β_t (w_t·k_j) and the carried query is q_i - Σ_{t<=i} a_it β_t w_t."""
+    n, s = k.shape[-2], q.shape[-2]
+    rows = torch.arange(own, own + s, device=q.device)[:, None]
+    upto = torch.arange(n, device=q.device)[None, :] <= rows  # t <= i
+    qw = (q @ w[:, :, None].transpose(-1, -2)) * upto
+    eye = torch.eye(n, dtype=q.dtype, device=q.device)
+    system = eye + beta[..., :, None] * _strict_lower(w @ w.transpose(-1, -2))  # I + β U, unit lower triangular
+    a = torch.linalg.solve_triangular(system[:, :, None], qw, upper=False, left=False, unitriangular=True)
+    ab = a * beta[:, :, None, None, :]
+    scores = q @ k[:, :, None].transpose(-1, -2) - ab @ _strict_lower(w @ k.transpose(-1, -2))[:, :, None]
+    return scores, q - ab @ w[:, :, None]
 
 
-def path_scores(q: torch.Tensor, keys: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, past: int) -> torch.Tensor:
-    """q_iᵀ H_i ⋯ H_{j+1} k_j (unscaled, unmasked; (batch, heads, seq, kv_len)) for queries at positions past..:
-    one pass over the keys from the last back, each key's H_{j+1} applied to the queries it reaches first."""
-    s, kv = q.shape[-2], keys.shape[-2]
-    u, cols = q, []
-    for j in range(kv - 1, -1, -1):
-        t, first = j + 1, max(j + 1 - past, 0)  # H_t reaches the queries at positions >= t
-        if t < kv and first < s:
-            u = torch.cat([u[..., :first, :], _reflect(u[..., first:, :], w[..., t, None, :], beta[..., t, None])], -2)
-        cols.append((u * keys[..., j, None, :]).sum(-1))
-    return torch.stack(cols[::-1], dim=-1)
+def tile_ends(k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, first: int, block: int
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """For tiles of `block` tokens at token indices that are multiples of it (the first key's index `first`): each
+    key carried to its tile's end, H_e ⋯ H_{j+1} k_j, and c_t = H_e ⋯ H_{t+1} w_t, with which a row vector u moves
+    through the tile as u - Σ_t β_t (u·c_t) w_t; both (batch, kv heads, keys, d).
 
-
-def chunked_path_scores(q: torch.Tensor, keys: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
-                        chunk: int) -> torch.Tensor:
-    """`path_scores` at past 0, by chunks of `chunk` positions: within a chunk the pass above (every chunk at once);
-    across chunks each query, carried to its chunk's start, meets each earlier chunk's keys carried to their chunk's
-    end through the d × d products of the chunks between. Python steps: about 3·chunk + seq/chunk, and the backward
-    keeps seq/chunk copies of the queries, not seq."""
-    seq = q.shape[-2]
-    pad = -seq % chunk
-    q, keys, w = (F.pad(x, (0, 0, 0, pad)) for x in (q, keys, w))
-    beta = F.pad(beta, (0, pad))  # β 0: the padding's H is the identity
-    n, d = (seq + pad) // chunk, q.shape[-1]
-    q, keys, w = (x.unflatten(-2, (n, chunk)) for x in (q, keys, w))  # (..., n, chunk, d)
-    beta = beta.unflatten(-1, (n, chunk))
-    # within each chunk: the same pass, and each query carried on through its chunk's first H (q̃ = H_a ⋯ H_i q_i)
-    u, cols = q, []
-    for r in range(chunk - 1, -1, -1):
-        if r + 1 < chunk:
-            moved = _reflect(u[..., r + 1:, :], w[..., r + 1, None, :], beta[..., r + 1, None])
-            u = torch.cat([u[..., :r + 1, :], moved], -2)
-        cols.append((u * keys[..., r, None, :]).sum(-1))
-    local = torch.stack(cols[::-1], dim=-1)  # (..., n, chunk, chunk)
-    q_start = _reflect(u, w[..., :1, :], beta[..., :1])
-    # each key carried to its chunk's end: k̃_j = H_e ⋯ H_{j+1} k_j
-    k_end = keys
-    for r in range(1, chunk):
-        k_end = torch.cat([_reflect(k_end[..., :r, :], w[..., r, None, :], beta[..., r, None]), k_end[..., r:, :]], -2)
-    # each chunk's product G_m = H_first ⋯ H_last as a d × d matrix
-    g = torch.eye(d, dtype=q.dtype, device=q.device).expand(*q.shape[:-2], d, d)
-    for r in range(chunk - 1, -1, -1):
-        wr = w[..., r, :]
-        g = g - beta[..., r, None, None] * wr[..., :, None] * (wr[..., None, :] @ g)
-    out = torch.zeros(*q.shape[:-3], n, chunk, n, chunk, dtype=q.dtype, device=q.device)
-    idx = torch.arange(n, device=q.device)
-    out[..., idx, :, idx, :] = local.movedim(-3, 0)
-    carried = q_start  # queries of chunk c carried down to the end of chunk c - Δ
-    for delta in range(1, n):
-        scores = carried[..., delta:, :, :] @ k_end[..., :n - delta, :, :].transpose(-1, -2)
-        out[..., idx[delta:], :, idx[:n - delta], :] = scores.movedim(-3, 0)
-        if delta + 1 < n:  # through chunk c - Δ's product, to the end of chunk c - Δ - 1
-            between = g[..., 1:n - delta, :, :]  # chunk c - Δ for c = Δ + 1 .. n - 1
-            carried = torch.cat([carried[..., :delta + 1, :, :],
-                                 carried[..., delta + 1:, :, :] @ between.transpose(-1, -2)], -3)
-    return out.flatten(-4, -3).flatten(-2, -1)[..., :seq, :seq]
+    c solves (I + Uᵀ β) C = W (U the strictly lower w·w), and k̃_j = k_j - Σ_{t>j} (w_t·k_j) β_t c_t."""
+    n = k.shape[-2]
+    front = first % block
+    back = -(front + n) % block
+    k, w = (F.pad(x, (0, 0, front, back)) for x in (k, w))
+    beta = F.pad(beta, (front, back))  # β 0: a padding token's H is the identity
+    tiles = (front + n + back) // block
+    k, w = (x.unflatten(-2, (tiles, block)) for x in (k, w))
+    beta = beta.unflatten(-1, (tiles, block))
+    eye = torch.eye(block, dtype=k.dtype, device=k.device)
+    system = eye + _strict_lower(w @ w.transpose(-1, -2)).transpose(-1, -2) * beta[..., None, :]  # I + Uᵀ β
+    c = torch.linalg.solve_triangular(system, w, upper=True, unitriangular=True)
+    k_end = k - _strict_lower(w @ k.transpose(-1, -2)).transpose(-1, -2) @ (beta[..., None] * c)
+    return (x.flatten(-3, -2)[..., front:front + n, :] for x in (k_end, c))
 
 
 def _problems(pe: PaTHConfig, s: EncodingShape) -> list[str]:

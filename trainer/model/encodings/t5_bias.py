@@ -51,7 +51,7 @@ class T5Bias(LayerBias):
     like transformers' T5; translation-invariant. Added to the scaled logits (T5 itself does not scale q·k)."""
 
     def __init__(self, num_buckets: int, max_distance: int, shared: bool, seed: int, shape: EncodingShape) -> None:
-        super().__init__(shape.n_layers, shared)
+        super().__init__(shape.n_layers, shape.n_heads, shared)
         self.num_buckets, self.max_distance = int(num_buckets), int(max_distance)
         std = (shape.n_heads * shape.head_dim) ** -0.5
         init = torch.randn(self.tables_count, self.num_buckets, shape.n_heads, generator=generator(seed)) * std
@@ -60,9 +60,13 @@ class T5Bias(LayerBias):
     def extra_repr(self) -> str:
         return f"buckets={self.num_buckets}, max_distance={self.max_distance}, shared={self.shared}"
 
-    def bias(self, query, key, table):
+    def head_bias(self, head, query, key, layer):
         buckets = t5_bucket(distance(query, key), self.num_buckets, self.max_distance)
-        return self.weight[table][buckets].permute(2, 0, 1).float()
+        return self.weight[self.table(layer)][buckets, head].float()
+
+    def bias(self, query, key, layer):  # one gather of every head's row, not one per head
+        buckets = t5_bucket(distance(query, key), self.num_buckets, self.max_distance)  # (batch or 1, 1, q, k)
+        return self.weight[self.table(layer)][buckets[:, 0]].permute(0, 3, 1, 2).float()
 
 
 def _problems(pe: T5BiasConfig, s: EncodingShape) -> list[str]:

@@ -1,0 +1,127 @@
+"""The tiled attention path: memory O(seq × block), not O(seq²), for every kind, on any device.
+
+Queries are cut into blocks and keys into tiles at token indices that are multiples of `block`. Each query block
+takes its tiles from its own keys back to the first key any of its queries may see (tiles the mask hides wholly are
+skipped), passing the kind's carry from tile to tile, and merges them by an online softmax (or adds them, for a kind
+whose scores are log-weights already). With gradients on, each query block runs under activation checkpointing: its
+forward keeps nothing, and the backward recomputes the block's tiles and differentiates them (the kind's parameters,
+token state and prepared tensors included), so at most one block's tiles are held at a time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from trainer.model.attention.call import AttentionCall, Prepared, Tile
+from trainer.model.attention.dense import grouped_values
+
+__all__ = ["DEFAULT_BLOCK", "block_edges", "tiled_attention"]
+
+DEFAULT_BLOCK = 256  # tokens per query block and key tile
+
+
+def block_edges(first: int, count: int, block: int) -> list[tuple[int, int]]:
+    """(start, end) local index ranges of `count` tokens whose first has token index `first`, cut where the token
+    index is a multiple of `block` (the first and last pieces may be short)."""
+    cuts = [0]
+    nxt = (first // block + 1) * block - first
+    while nxt < count:
+        cuts.append(nxt)
+        nxt += block
+    cuts.append(count)
+    return [(a, b) for a, b in itertools.pairwise(cuts) if b > a]
+
+
+def _split(x: torch.Tensor, edges: list[tuple[int, int]], dim: int) -> list[torch.Tensor]:
+    return list(x.split([b - a for a, b in edges], dim=dim))
+
+
+def _pieces(named: dict[str, torch.Tensor], edges: list[tuple[int, int]]) -> list[dict[str, torch.Tensor]]:
+    cut = {name: _split(t, edges, 2) for name, t in named.items()}
+    return [{name: parts[i] for name, parts in cut.items()} for i in range(len(edges))]
+
+
+class _KeyTile:
+    """One key tile's pieces: its local range, keys, values, positions and prepared per-key tensors."""
+
+    def __init__(self, j0: int, j1: int, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
+                 pk: dict[str, torch.Tensor]) -> None:
+        self.j0, self.j1, self.k, self.v, self.pos, self.pk = j0, j1, k, v, pos, pk
+
+
+def _exp(z: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
+    """exp(z), 0 where `visible` is False, with z floored just above where exp's results become subnormal: they add
+    under e^-79 of a row's largest weight (below float32's resolution) and cost 5-20 times a normal exp on a CPU."""
+    floor = math.log(torch.finfo(z.dtype).tiny) + 8
+    out = torch.exp(z.clamp(min=floor))
+    return out if visible is None else out.masked_fill(~visible, 0.0)
+
+
+def _block(pe: Any, call: AttentionCall, prep: Prepared, i0: int, q: torch.Tensor, q_pos: torch.Tensor,
+           pq: dict[str, torch.Tensor], tiles: list[_KeyTile]) -> torch.Tensor:
+    """The output (batch, heads, block queries, dv) of one query block over its key tiles (nearest first)."""
+    mask, i1 = call.mask, i0 + q.shape[-2]
+    carry: Any = None
+    m = total = acc = None  # the running row maximum, weight sum and weighted values
+    for n, kt in enumerate(tiles):
+        visible = mask.visible(i0, i1, kt.j0, kt.j1, q.device)
+        t = Tile(q, kt.k, q_pos, kt.pos, i0, kt.j0, visible, call.layer, pq, kt.pk, prep.other, mask, n == 0)
+        scores, carry = pe.tile_scores(t, carry)
+        if not pe.normalised:  # log-weights of a distribution already (hidden entries -inf)
+            part = grouped_values(_exp(scores, scores > float("-inf")), kt.v).to(scores.dtype)
+            acc = part if acc is None else acc + part
+            continue
+        if visible is not None:
+            scores = scores.masked_fill(~visible, float("-inf"))
+        top = scores.amax(dim=-1, keepdim=True).detach()  # the result does not depend on it: no gradient
+        if m is not None:
+            top = torch.maximum(top, m)
+        top = torch.where(torch.isinf(top), torch.zeros_like(top), top)  # a row no tile has shown a key yet
+        p = _exp(scores - top, visible)
+        part = grouped_values(p, kt.v).to(scores.dtype)
+        if m is None:
+            total, acc = p.sum(dim=-1, keepdim=True), part
+        else:
+            rescale = torch.exp(m - top)
+            total, acc = total * rescale + p.sum(dim=-1, keepdim=True), acc * rescale + part
+        m = top
+    out = acc if not pe.normalised else acc / total
+    own = pe.self_weight(carry)
+    if own is not None:  # the query's own value, from the block's own (first) tile
+        diag = tiles[0]
+        start = mask.q_index + i0 - (mask.k_index + diag.j0)
+        mine = diag.v[:, :, start:start + q.shape[-2]].repeat_interleave(call.group, dim=1)
+        out = out + own[..., None] * mine.to(out.dtype)
+    return out.to(call.v.dtype)
+
+
+def tiled_attention(pe: Any, call: AttentionCall, block: int = DEFAULT_BLOCK) -> torch.Tensor:
+    """Attention output (batch, heads, queries, dv) of the call by tiles of `block` tokens (equal to
+    `dense_attention` up to rounding, in values and gradients)."""
+    mask = call.mask
+    s, n = call.q.shape[-2], call.k.shape[-2]
+    prep = pe.prepare(call, block)
+    q_edges, k_edges = block_edges(mask.q_index, s, block), block_edges(mask.k_index, n, block)
+    q_blocks, q_pos = _split(call.q, q_edges, 2), _split(call.q_pos, q_edges, 1)
+    pq = _pieces(prep.queries, q_edges)
+    keys = [_KeyTile(a, b, k, v, pos, pk) for (a, b), k, v, pos, pk in zip(
+        k_edges, _split(call.k, k_edges, 2), _split(call.v, k_edges, 2), _split(call.k_pos, k_edges, 1),
+        _pieces(prep.keys, k_edges), strict=True)]
+    lows = mask.first_keys([a for a, _ in q_edges])
+    recompute = torch.is_grad_enabled()
+    outs = []
+    for (i0, i1), qb, pb, pqb, low in zip(q_edges, q_blocks, q_pos, pq, lows, strict=True):
+        last = mask.q_index + i1 - 1 - mask.k_index  # the block's last query's own key
+        tiles = [kt for kt in reversed(keys) if kt.j0 <= last and kt.j1 > low]
+        if recompute:
+            out = checkpoint(_block, pe, call, prep, i0, qb, pb, pqb, tiles, use_reentrant=False,
+                             preserve_rng_state=False)
+        else:
+            out = _block(pe, call, prep, i0, qb, pb, pqb, tiles)
+        outs.append(out)
+    return torch.cat(outs, dim=2)
