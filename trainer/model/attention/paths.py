@@ -2,8 +2,9 @@
 on and the config validator reads.
 
 `auto` takes the fastest path that serves the kind, device and length: `dense` while the whole score matrix is at
-most one tile (queries × keys <= block², and always for a kind of q·k alone without a document mask or window,
-whose fused SDPA already keeps memory linear), else FlexAttention on CUDA for the kinds it serves, else `tiled`.
+most one tile (queries × keys <= block²), and always for a kind of q·k alone without a document mask or window
+whose q and v are equally wide (fused SDPA's flash kernel then keeps memory linear; PoPE's 2·head_dim-wide q and k
+send SDPA to its quadratic math path); else FlexAttention on CUDA for the kinds it serves; else `tiled`.
 """
 
 from __future__ import annotations
@@ -63,11 +64,12 @@ def path_problem(requested: str, scores: str, device: str, training: bool) -> st
 
 
 def choose_path(requested: str, scores: str, device: str, training: bool, queries: int, keys: int,
-                plain_mask: bool, block: int = DEFAULT_BLOCK) -> str:
-    """The path a call runs on: `requested` unless it is auto, then the module docstring's rule."""
+                plain_mask: bool, block: int = DEFAULT_BLOCK, fused: bool = True) -> str:
+    """The path a call runs on: `requested` unless it is auto, then the module docstring's rule (`fused`: q and v
+    are equally wide, so SDPA's flash kernel serves a plain kind)."""
     if requested != "auto":
         return requested
-    if scores == "plain" and plain_mask:
+    if scores == "plain" and plain_mask and fused:
         return "dense"
     if queries * keys <= block * block:
         return "dense"
@@ -82,7 +84,7 @@ def run_attention(pe: Any, call: AttentionCall, requested: str = "auto", block: 
     block = block or DEFAULT_BLOCK
     name = choose_path(requested, type(pe).scores_kind(), call.q.device.type,
                        torch.is_grad_enabled() and call.q.requires_grad, call.q.shape[-2], call.k.shape[-2],
-                       call.mask.plain, block)
+                       call.mask.plain, block, call.q.shape[-1] == call.v.shape[-1])
     if name == "tiled":
         return tiled_attention(pe, call, block)
     return ATTENTION_PATHS[name].run(pe, call)

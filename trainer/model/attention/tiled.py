@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from trainer.model.attention.call import AttentionCall, Prepared, Tile
+from trainer.model.attention.call import AttentionCall, Tile
 from trainer.model.attention.dense import grouped_values
 
 __all__ = ["DEFAULT_BLOCK", "block_edges", "tiled_attention"]
@@ -62,15 +62,16 @@ def _exp(z: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
     return out if visible is None else out.masked_fill(~visible, 0.0)
 
 
-def _block(pe: Any, call: AttentionCall, prep: Prepared, i0: int, q: torch.Tensor, q_pos: torch.Tensor,
-           pq: dict[str, torch.Tensor], tiles: list[_KeyTile]) -> torch.Tensor:
-    """The output (batch, heads, block queries, dv) of one query block over its key tiles (nearest first)."""
+def _block(pe: Any, call: AttentionCall, other: dict[str, Any], i0: int, q: torch.Tensor, q_pos: torch.Tensor,
+           pq: dict[str, torch.Tensor], tiles: list[_KeyTile], with_lse: bool = False) -> Any:
+    """The output (batch, heads, block queries, dv) of one query block over its key tiles (nearest first), and with
+    `with_lse` each row's log-sum-exp of its scores (batch, heads, block queries, 1)."""
     mask, i1 = call.mask, i0 + q.shape[-2]
     carry: Any = None
     m = total = acc = None  # the running row maximum, weight sum and weighted values
     for n, kt in enumerate(tiles):
         visible = mask.visible(i0, i1, kt.j0, kt.j1, q.device)
-        t = Tile(q, kt.k, q_pos, kt.pos, i0, kt.j0, visible, call.layer, pq, kt.pk, prep.other, mask, n == 0)
+        t = Tile(q, kt.k, q_pos, kt.pos, i0, kt.j0, visible, call.layer, pq, kt.pk, other, mask, n == 0)
         scores, carry = pe.tile_scores(t, carry)
         if not pe.normalised:  # log-weights of a distribution already (hidden entries -inf)
             part = grouped_values(_exp(scores, scores > float("-inf")), kt.v).to(scores.dtype)
@@ -97,7 +98,96 @@ def _block(pe: Any, call: AttentionCall, prep: Prepared, i0: int, q: torch.Tenso
         start = mask.q_index + i0 - (mask.k_index + diag.j0)
         mine = diag.v[:, :, start:start + q.shape[-2]].repeat_interleave(call.group, dim=1)
         out = out + own[..., None] * mine.to(out.dtype)
+    if with_lse:
+        return out.to(call.v.dtype), m + torch.log(total)
     return out.to(call.v.dtype)
+
+
+def _leaf(x: Any) -> Any:
+    """x cut from the graph, a leaf asking for its gradient where x had one (anything not a tensor as it is)."""
+    return x.detach().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
+
+
+class _SoftmaxBlock(torch.autograd.Function):
+    """One query block of a kind whose scores carry nothing from tile to tile, differentiated as FlashAttention is:
+    the forward keeps the output and each row's log-sum-exp, and the backward recomputes each tile's scores (with
+    their graph), their weights from the log-sum-exp, and differentiates the tile's scores by dS = P ⊙ (dP - D)."""
+
+    @staticmethod
+    def forward(ctx, pe, call, other_names, i0, q_pos, tile_meta, pq_names, pk_names, *tensors):
+        q, pq, other, tiles, _ = _SoftmaxBlock.unpack(tensors, other_names, pq_names, pk_names, tile_meta)
+        with torch.no_grad():
+            out, lse = _block(pe, call, other, i0, q, q_pos, pq, tiles, with_lse=True)
+        ctx.meta = (pe, call, other_names, i0, q_pos, tile_meta, pq_names, pk_names)
+        ctx.save_for_backward(*tensors, out, lse)
+        return out
+
+    @staticmethod
+    def unpack(tensors, other_names, pq_names, pk_names, tile_meta):
+        """(q, pq, other, tiles, params) from the flat tensors (the order `pack` gives them)."""
+        q, rest = tensors[0], list(tensors[1:])
+        pq = {name: rest.pop(0) for name in pq_names}
+        other = {name: rest.pop(0) for name in other_names}
+        tiles = []
+        for j0, j1, pos in tile_meta:
+            k, v = rest.pop(0), rest.pop(0)
+            tiles.append(_KeyTile(j0, j1, k, v, pos, {name: rest.pop(0) for name in pk_names}))
+        return q, pq, other, tiles, rest
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        pe, call, other_names, i0, q_pos, tile_meta, pq_names, pk_names = ctx.meta
+        *tensors, out, lse = ctx.saved_tensors
+        q, pq, other, tiles, params = _SoftmaxBlock.unpack(tensors, other_names, pq_names, pk_names, tile_meta)
+        ql, pql, otherl = _leaf(q), {n: _leaf(t) for n, t in pq.items()}, {n: _leaf(t) for n, t in other.items()}
+        dtype = lse.dtype
+        g = grad_out.to(dtype)
+        delta = (g * out.to(dtype)).sum(-1, keepdim=True)
+        b, h, s, dv = g.shape
+        kvh = tiles[0].k.shape[1]
+        gg = g.view(b, kvh, h // kvh, s, dv)
+        shared = [ql, *pql.values(), *otherl.values(), *params]
+        grads_shared = [None] * len(shared)
+        tile_grads = []
+        for n, kt in enumerate(tiles):
+            kl, pkl = _leaf(kt.k), {name: _leaf(t) for name, t in kt.pk.items()}
+            visible = call.mask.visible(i0, i0 + s, kt.j0, kt.j1, q.device)
+            with torch.enable_grad():
+                t = Tile(ql, kl, q_pos, kt.pos, i0, kt.j0, visible, call.layer, pql, pkl, otherl, call.mask, n == 0)
+                scores, _ = pe.tile_scores(t, None)
+            with torch.no_grad():
+                p = _exp(scores.detach() - lse, visible)
+                pg = p.view(b, kvh, h // kvh, s, -1)
+                dv_tile = (pg.transpose(-1, -2) @ gg).sum(2).to(kt.v.dtype)
+                dp = (gg @ kt.v.to(dtype)[:, :, None].transpose(-1, -2)).view(b, h, s, -1)
+                ds = p * (dp - delta)
+            wanted = [kl, *pkl.values(), *shared]
+            asked = [x for x in wanted if isinstance(x, torch.Tensor) and x.requires_grad]
+            got = iter(torch.autograd.grad(scores, asked, ds, allow_unused=True) if asked else [])
+            found = [next(got) if isinstance(x, torch.Tensor) and x.requires_grad else None for x in wanted]
+            tile_grads += [found[0], dv_tile, *found[1:1 + len(pkl)]]
+            for i, gr in enumerate(found[1 + len(pkl):]):
+                if gr is not None:
+                    grads_shared[i] = gr if grads_shared[i] is None else grads_shared[i] + gr
+        n_q = 1 + len(pql) + len(otherl)
+        return (None,) * 8 + (*grads_shared[:n_q], *tile_grads, *grads_shared[n_q:])
+
+
+def _softmax_block(pe: Any, call: AttentionCall, other: dict[str, Any], i0: int, q: torch.Tensor, q_pos: torch.Tensor,
+                   pq: dict[str, torch.Tensor], tiles: list[_KeyTile]) -> torch.Tensor:
+    """`_block` through `_SoftmaxBlock`: every tensor the block reads, the kind's parameters included, as its
+    inputs, in the order `_SoftmaxBlock.unpack` reads them."""
+    other_names = [n for n, x in other.items() if isinstance(x, torch.Tensor)]
+    constants = {n: x for n, x in other.items() if not isinstance(x, torch.Tensor)}
+    if constants:
+        raise TypeError(f"prepared values that are not tensors cannot pass a tiled softmax block: {sorted(constants)}")
+    pk_names = sorted(tiles[0].pk) if tiles else []
+    flat = [q, *(pq[n] for n in sorted(pq)), *(other[n] for n in other_names)]
+    for kt in tiles:
+        flat += [kt.k, kt.v, *(kt.pk[n] for n in pk_names)]
+    flat += [p for p in pe.parameters()]
+    meta = [(kt.j0, kt.j1, kt.pos) for kt in tiles]
+    return _SoftmaxBlock.apply(pe, call, other_names, i0, q_pos, meta, sorted(pq), pk_names, *flat)
 
 
 def tiled_attention(pe: Any, call: AttentionCall, block: int = DEFAULT_BLOCK) -> torch.Tensor:
@@ -114,14 +204,17 @@ def tiled_attention(pe: Any, call: AttentionCall, block: int = DEFAULT_BLOCK) ->
         _pieces(prep.keys, k_edges), strict=True)]
     lows = mask.first_keys([a for a, _ in q_edges])
     recompute = torch.is_grad_enabled()
+    flash = pe.normalised and not pe.carries
     outs = []
     for (i0, i1), qb, pb, pqb, low in zip(q_edges, q_blocks, q_pos, pq, lows, strict=True):
         last = mask.q_index + i1 - 1 - mask.k_index  # the block's last query's own key
         tiles = [kt for kt in reversed(keys) if kt.j0 <= last and kt.j1 > low]
-        if recompute:
-            out = checkpoint(_block, pe, call, prep, i0, qb, pb, pqb, tiles, use_reentrant=False,
+        if recompute and flash:
+            out = _softmax_block(pe, call, prep.other, i0, qb, pb, pqb, tiles)
+        elif recompute:
+            out = checkpoint(_block, pe, call, prep.other, i0, qb, pb, pqb, tiles, use_reentrant=False,
                              preserve_rng_state=False)
         else:
-            out = _block(pe, call, prep, i0, qb, pb, pqb, tiles)
+            out = _block(pe, call, prep.other, i0, qb, pb, pqb, tiles)
         outs.append(out)
     return torch.cat(outs, dim=2)

@@ -46,6 +46,7 @@ class PositionModule(nn.Module):
     the attention input through `token_state`; the KV cache keeps that state beside the keys."""
 
     normalised = True  # False: tile_scores are log-weights already normalised over the keys (stick-breaking)
+    carries = False  # True: a tile's scores need the carry of the tiles before it (CoPE, stick-breaking, PaTH)
     state_reach = 0  # earlier tokens a token's state reads (PaTH's convolution): a windowed KV cache keeps them
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype, length: int | None = None) -> Any:

@@ -36,6 +36,8 @@ class CoPE(PositionModule):
     Tiles come from the query back, so a tile's carry is the gate sum of its later keys (and the query block's q·e).
     Nothing reads absolute positions, so shifting every position changes nothing."""
 
+    carries = True
+
     def __init__(self, npos: int, shared: bool, shape: EncodingShape) -> None:
         super().__init__()
         self.npos = int(npos) or shape.max_seq_len + 1

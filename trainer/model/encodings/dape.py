@@ -67,12 +67,16 @@ class DAPE(PositionModule):
         return self.base.tables(positions, dtype, length)  # KERPLE projects its parameters here
 
     def mix(self, x: torch.Tensor, bias: torch.Tensor, layer: int) -> torch.Tensor:
-        """x + b + MLP([x; b]) over the head dimension: x (batch, heads, seq, kv_len), b broadcastable to it."""
-        b = bias.to(x.dtype).expand_as(x)
-        feats = torch.cat([x, b], dim=1).permute(0, 2, 3, 1)  # (batch, seq, kv_len, 2·heads)
-        hidden = F.leaky_relu(F.linear(feats, self.w1[layer].to(x.dtype), self.b1[layer].to(x.dtype)))
-        mixed = F.linear(hidden, self.w2[layer].to(x.dtype), self.b2[layer].to(x.dtype)).permute(0, 3, 1, 2)
-        return x + b + mixed
+        """x + b + MLP([x; b]) over the head dimension: x (batch, heads, seq, kv_len), b (batch or 1, heads, seq,
+        kv_len). The first layer's product with b is taken once for the rows b has, and both products run in the
+        heads-first layout (no copy of the pairs into a heads-last one)."""
+        heads, dtype = x.shape[1], x.dtype
+        w1, b1 = self.w1[layer].to(dtype), self.b1[layer].to(dtype)
+        bias = bias.to(dtype)
+        hidden = (torch.einsum("kh,bhij->bkij", w1[:, :heads], x) + torch.einsum("kh,bhij->bkij", w1[:, heads:], bias)
+                  + b1[:, None, None])
+        mixed = torch.einsum("hk,bkij->bhij", self.w2[layer].to(dtype), F.leaky_relu(hidden))
+        return x + bias + mixed + self.b2[layer].to(dtype)[:, None, None]
 
     def tile_scores(self, t, carry=None):
         x = t.qk() * self.softmax_scale(t.q.shape[-1])

@@ -104,7 +104,8 @@ class GeneratorRotary(PositionModule):
                 pieces.append(part)
             out = torch.cat(pieces, dim=1)
         out = out.reshape(rows, s, gens, self.n_blocks, self.block, b // rows, h // gens)
-        return out.permute(0, 5, 2, 6, 1, 3, 4).reshape(b, h, s, d).to(x.dtype)
+        # contiguous (batch, heads, seq, d), as fused SDPA's kernels need (a strided view sends it to the math path)
+        return out.permute(0, 5, 2, 6, 1, 3, 4).reshape(b, h, s, d).to(x.dtype).contiguous()
 
     def rotate(self, q, k, tables, layer=0):
         pos, bound, dtype, first, done = tables

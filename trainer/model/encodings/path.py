@@ -41,6 +41,8 @@ class PaTH(PositionModule):
     state is each token's pre-convolution projection and β, so the KV cache can recompute the convolution across the
     cached prefix (`state_reach` tokens back); the convolution restarts at each document."""
 
+    carries = True
+
     def __init__(self, pe: PaTHConfig, shape: EncodingShape) -> None:
         super().__init__()
         gen, std = generator(pe.seed), float(pe.init_std)

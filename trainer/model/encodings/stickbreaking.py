@@ -40,6 +40,8 @@ class StickBreaking(PositionModule):
     value (`self_weight`). Tiles come from the query back, so a tile's carry is the log of the stick its later keys
     left. Nothing reads absolute positions, so shifting every position changes nothing."""
 
+    carries = True
+
     normalised = False
 
     def tile_scores(self, t, carry=None):
