@@ -31,8 +31,10 @@ from trainer.run.optim import OPTIMIZERS, OptimConfig
 __all__ = [
     "BASE_METRICS",
     "COST_METRICS",
+    "DOCUMENT_POSITIONS",
     "NEW_SETTING",
     "DataConfig",
+    "DocumentsConfig",
     "DumpConfig",
     "EvalConfig",
     "OptimConfig",
@@ -118,6 +120,20 @@ class PasskeyFormat:
     max_key: int = 50000
 
 
+DOCUMENT_POSITIONS = {"restart": "positions count from 0 at each document's first token",
+                      "continue": "positions keep counting through the window, across documents"}
+
+
+@dataclass
+class DocumentsConfig:
+    """Documents packed into the training and evaluation windows, each ended by the tokenizer's end-of-document
+    token (the token streams join documents with it): with `mask`, attention never crosses from one document into
+    another, in training, evaluation and decoding; `positions` (a key of DOCUMENT_POSITIONS) restart at each."""
+
+    mask: bool = False
+    positions: str = "restart"
+
+
 @dataclass
 class DataConfig:
     """Corpus, tokenizer, split and the optional passkey mixture. The train length is model.max_seq_len."""
@@ -138,6 +154,7 @@ class DataConfig:
     tasks: list[str] = field(default_factory=list, metadata=NEW_SETTING)  # names in trainer.data.tasks TASKS
     task_ratio: float = field(default=0.0, metadata=NEW_SETTING)  # fraction of training windows that are tasks
     task_params: TaskParams = field(default_factory=TaskParams, metadata=NEW_SETTING)
+    documents: DocumentsConfig = field(default_factory=DocumentsConfig, metadata=NEW_SETTING)
 
 
 @dataclass
@@ -338,6 +355,27 @@ def _task_errors(cfg: RunConfig) -> list[str]:
     return errors
 
 
+def _attention_errors(cfg: RunConfig) -> list[str]:
+    """A problem when model.attention names a path that cannot train this kind on this run's device."""
+    requested = cfg.model.attention
+    if requested in ("auto", "dense", "tiled") or not isinstance(requested, str):
+        return []  # these serve every kind everywhere; an unknown name is the model's own check
+    from trainer.model.attention.paths import path_problem
+    from trainer.model.position import encoding_scores
+
+    try:
+        scores = encoding_scores(cfg.model.pe, cfg.model.encoding_shape)
+    except UserError:
+        return []  # the encoding's own problems are reported by the model's checks
+    device = cfg.train.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    problem = path_problem(requested, scores, device, training=True)
+    return [f"{problem} (train.device={cfg.train.device!r})"] if problem else []
+
+
 def config_errors(cfg: RunConfig) -> list[str]:
     """Every problem with a config, each naming the key, the value and the fix; empty when valid."""
     errors: list[str] = _finite(cfg)
@@ -366,6 +404,12 @@ def config_errors(cfg: RunConfig) -> list[str]:
     if not 0.0 <= d.passkey_ratio <= 1.0:
         errors.append(f"data.passkey_ratio={d.passkey_ratio!r}: must be in [0, 1]")
     errors += _task_errors(cfg)
+    if d.documents.positions not in DOCUMENT_POSITIONS:
+        errors.append(f"data.documents.positions={d.documents.positions!r}: choose one of "
+                      f"{', '.join(DOCUMENT_POSITIONS)}")
+    if not isinstance(d.documents.mask, bool):
+        errors.append(f"data.documents.mask={d.documents.mask!r}: must be true or false")
+    errors += _attention_errors(cfg)
     if d.tokenizer == "bpe" and not 260 <= d.bpe_vocab_size <= 65535:
         errors.append(f"data.bpe_vocab_size={d.bpe_vocab_size!r}: must be in [260, 65535]")
     if not 0 <= d.passkey.min_key <= d.passkey.max_key:

@@ -132,9 +132,11 @@ def refuse_foreign_run_dir(run_dir: Path) -> None:
                    "(or leave it empty for runs/<name>-<config hash>), or move those files away")
 
 
-def claim_run_dir(run_dir: Path, config_hash: str, name: str, machine: dict[str, Any] | None = None) -> None:
-    """Make run_dir this configuration's, recording the machine that trains it; UserError when it already holds a
-    run of another configuration."""
+def claim_run_dir(run_dir: Path, config_hash: str, name: str, machine: dict[str, Any] | None = None,
+                  facts: dict[str, Any] | None = None) -> None:
+    """Make run_dir this configuration's, recording the machine that trains it and `facts` about how it runs (the
+    attention path at each length, the documents); UserError when it already holds a run of another
+    configuration."""
     run_dir = Path(run_dir)
     owners: dict[str, str] = {}
     before: dict[str, Any] = {}
@@ -155,7 +157,7 @@ def claim_run_dir(run_dir: Path, config_hash: str, name: str, machine: dict[str,
     machines = [m for m in before.get("machines", []) if isinstance(m, dict)]
     machines += [machine] if machine is not None and machine not in machines else []
     write_json_atomic(run_dir / RUN_FILE, {"config_hash": config_hash, "name": name, "machine": machine,
-                                           "machines": machines})
+                                           "machines": machines, **(facts or {})})
 
 
 def read_machines(run_dir: Path) -> list[dict[str, Any]]:

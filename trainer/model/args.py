@@ -49,7 +49,7 @@ class ModelArgs:
     attention: str = field(default="auto", metadata=NEW_SETTING)
     attention_block: int = field(default=0, metadata=NEW_SETTING)  # tokens per tile of the tiled path; 0: 256
     window: int = field(default=0, metadata=NEW_SETTING)  # sliding window of the local layers in tokens; 0: none
-    layer_pattern: str = field(default="", metadata=NEW_SETTING)  # e.g. "3 local : 1 global"; "": all alike
+    layer_pattern: str = field(default="", metadata=NEW_SETTING)  # e.g. "3 local, 1 global"; "": all alike
 
     @property
     def layer_windows(self) -> list[int]:

@@ -19,7 +19,8 @@ from torch import nn
 from trainer.model.args import ModelArgs, validate_model_args
 from trainer.model.attention.call import AttentionCall, AttentionMask
 from trainer.model.attention.documents import Documents
-from trainer.model.attention.paths import run_attention
+from trainer.model.attention.paths import choose_path, run_attention
+from trainer.model.attention.tiled import DEFAULT_BLOCK
 from trainer.model.kv_cache import KVCache
 from trainer.model.position import PositionEncoding, build_position_encoding
 
@@ -140,6 +141,21 @@ class Llama(nn.Module):
                 nn.init.normal_(p, 0.0, out_std)
             else:
                 nn.init.normal_(p, 0.0, std)
+
+    def attention_paths(self, device: str, lengths: dict[str, int], training_at: str = "train") -> dict[str, str]:
+        """The attention path `model.attention` takes at each named sequence length on `device` ('cpu' or 'cuda'),
+        training at `training_at` and evaluating elsewhere: one name, or each path with the layers that take it."""
+        a = self.args
+        scores, block = type(self.pe).scores_kind(), a.attention_block or DEFAULT_BLOCK
+        out = {}
+        for name, length in lengths.items():
+            chosen = [choose_path(a.attention, scores, device, name == training_at, length, length,
+                                  self.documents is None and not window, block, not self.pe.widens)
+                      for window in a.layer_windows]
+            paths = dict.fromkeys(chosen)
+            out[name] = chosen[0] if len(paths) == 1 else ", ".join(
+                f"{p} (layers {', '.join(str(i) for i, c in enumerate(chosen) if c == p)})" for p in paths)
+        return out
 
     def num_params(self, include_embeddings: bool = True) -> int:
         """Parameter count (tied weights counted once)."""

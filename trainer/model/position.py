@@ -44,6 +44,7 @@ __all__ = [
     "encoding_lengths",
     "encoding_params",
     "encoding_problems",
+    "encoding_scores",
     "hf_rotary",
     "identity_is_rope",
     "identity_keys",
@@ -202,6 +203,14 @@ def encoding_lengths(pe: Any, shape: EncodingShape) -> list[tuple[LengthField, f
 def step_cost_key(pe: Any) -> dict[str, Any]:
     """The settings of pe that change the training step time: the kind and its cost keys."""
     return {"kind": pe.kind, **{k: getattr(pe, k) for k in _checked(pe).cost_keys}}
+
+
+def encoding_scores(pe: Any, shape: EncodingShape) -> str:
+    """What pe's attention scores are (`PositionModule.scores_kind`: plain, bias, flex-bias or own), from its
+    built module at a short length; UserError for a config that does not build."""
+    small = EncodingShape(shape.head_dim, shape.n_heads, shape.n_kv_heads, shape.n_layers, min(shape.max_seq_len, 64),
+                          shape.model_dim)
+    return type(build_position_encoding(pe, small)).scores_kind()
 
 
 def build_position_encoding(cfg: Any, shape: EncodingShape | int) -> PositionModule:

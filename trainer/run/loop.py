@@ -34,6 +34,7 @@ from trainer.config import RunConfig, config_hash, flatten_config, validate_conf
 from trainer.data.batch_stream import BatchStream
 from trainer.data.batches import TrainBatches, check_factors, check_length, to_device, val_windows
 from trainer.data.corpus import load_corpus
+from trainer.data.documents import document_policy, document_stats
 from trainer.data.passkey_prompt import PasskeyPrompter
 from trainer.data.shard_tokens import load_shards
 from trainer.data.tasks.build import TaskBuilder, TaskMixture
@@ -205,8 +206,12 @@ class _Run:
         with main_first(self.world):  # rank 0 fills the tokenizer and token caches, the others read them
             self.data = prepare_data(cfg)
         _check_lengths(cfg, self.data)
+        documents = document_policy(cfg.data, self.data.tokenizer)
+        self.documents = None if documents is None else document_stats(self.data.tokens.train, documents.eos_id,
+                                                                       cfg.model.max_seq_len + 1)
         seed_everything(cfg.train.seed)
         self.model = Llama(cfg.model).to(self.device)  # the run's model: evaluated and checkpointed by rank 0
+        self.model.documents = documents
         self.optimizer = build_optimizer(self.model, cfg.optim)
         self.parallel = self.model if self.world.size == 1 else wrap_model(self.model, strategy, self.device)
         self.shards = self.world.size > 1 and STRATEGIES[strategy].shards  # trains a sharded copy of self.model
@@ -379,15 +384,29 @@ def train(cfg: RunConfig, reporter: Reporter | None = None, strategy: str = "ddp
         raise
 
 
+def _evaluated_lengths(cfg: RunConfig) -> dict[str, int]:
+    """The sequence lengths a run trains and evaluates at, by name: train, and x<f> for each validation length."""
+    seq = cfg.model.max_seq_len
+    lengths = {"train": seq, "x1": seq}
+    if cfg.eval.extrapolation_batches > 0:
+        lengths.update({f"x{f}": seq * f for f in cfg.eval.extrapolation})
+    return lengths
+
+
 def _train(run: _Run) -> TrainResult:
     cfg, reporter = run.cfg, run.reporter
+    attention = run.model.attention_paths(run.device.type, _evaluated_lengths(cfg))
     if run.world.main:
-        claim_run_dir(run.run_dir, run.chash, cfg.name, machine_info(run.device))
+        claim_run_dir(run.run_dir, run.chash, cfg.name, machine_info(run.device),
+                      {"attention": attention, **({"documents": run.documents} if run.documents else {})})
         (run.run_dir / "config.yaml").write_text(config_yaml(cfg))
         store_tokenizer(run.run_dir, getattr(run.data.tokenizer, "path", None))
     run.resume()
     t = cfg.train
-    reporter.start(run.run_dir, {**flatten_config(cfg), "config_hash": run.chash}, t.steps, run.step)
+    chosen = {f"attention.{length}": path for length, path in attention.items()}
+    documents = {f"documents.{k}": v for k, v in (run.documents or {}).items()}
+    reporter.start(run.run_dir, {**flatten_config(cfg), "config_hash": run.chash, **chosen, **documents}, t.steps,
+                   run.step)
     reporter.artifact(run.run_dir / "config.yaml", "config")
     tokens_per_step = t.batch_size * t.grad_accum * cfg.model.max_seq_len
     fpt = flops_per_token(cfg.model, cfg.model.max_seq_len)

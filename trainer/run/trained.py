@@ -15,6 +15,7 @@ from typing import Any
 
 from hdrope.errors import UserError
 from trainer.config import RunConfig, config_hash
+from trainer.data.documents import document_policy
 from trainer.data.tokenizer import BUILTIN_TOKENIZERS
 from trainer.files.run_files import TOKENIZER_FILE
 from trainer.model.llama import Llama
@@ -85,4 +86,6 @@ def load_trained(checkpoint: Path, cfg: RunConfig | None = None, tok: Any = None
     model = Llama(cfg.model)
     load_checkpoint(checkpoint, model)
     model.eval()
-    return Trained(cfg, model, tok if tok is not None else run_tokenizer(cfg, checkpoint.parent.parent), checkpoint)
+    tok = tok if tok is not None else run_tokenizer(cfg, checkpoint.parent.parent)
+    model.documents = document_policy(cfg.data, tok)  # evaluations see the documents as training did
+    return Trained(cfg, model, tok, checkpoint)

@@ -48,6 +48,7 @@ class PositionModule(nn.Module):
     normalised = True  # False: tile_scores are log-weights already normalised over the keys (stick-breaking)
     carries = False  # True: a tile's scores need the carry of the tiles before it (CoPE, stick-breaking, PaTH)
     state_reach = 0  # earlier tokens a token's state reads (PaTH's convolution): a windowed KV cache keeps them
+    widens = False  # True: q and k leave `rotate` wider than v (PoPE), which fused SDPA's flash kernel does not take
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype, length: int | None = None) -> Any:
         """Whatever `rotate` needs for these positions ((seq,) or (batch, seq)), computed once per forward.

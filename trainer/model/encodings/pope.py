@@ -30,6 +30,8 @@ class PoPE(PositionModule):
     sits on the queries with the opposite sign (phase m·θ - δ), the same logits, so δ can be per query head while
     the keys stay shared by their GQA group. δ is clamped to [-2π, 0] when used, as the package does."""
 
+    widens = True
+
     def __init__(self, pe: PoPEConfig, s: EncodingShape) -> None:
         super().__init__()
         d = s.head_dim
