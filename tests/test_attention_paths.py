@@ -150,7 +150,8 @@ def test_documents_restart_positions_and_continue_them_through_a_cache():
     segments, positions, after = Documents(EOS, True).split(tokens, 0, None)
     assert segments[0].tolist() == [0] * 8 + [1] * 9 + [2] * 6 and segments[1].tolist() == [0] * 16 + [1] * 7
     assert positions[0].tolist() == [*range(8), *range(9), *range(6)]
-    again, positions, _ = Documents(EOS, True).split(tokens[:, 17:], 17, Documents(EOS).split(tokens[:, :17], 0, None)[2])
+    before = Documents(EOS).split(tokens[:, :17], 0, None)[2]
+    again, positions, _ = Documents(EOS, True).split(tokens[:, 17:], 17, before)
     torch.testing.assert_close(again, segments[:, 17:])
     assert positions[1].tolist() == [1, 2, 3, 4, 5, 6]  # row 1's second document began at 16
     assert Documents(EOS, False).split(tokens, 0, None)[1] is None and after.start.tolist() == [17, 16]
