@@ -16,7 +16,7 @@ import pandas as pd
 from analysis.comparisons import is_rope
 from analysis.fourier import fourier_magnitude, rope_band_magnitude
 from analysis.lengthgen import LEARNED_THRESHOLD, accuracy_counts, position_losses, task_metrics
-from analysis.load import load_profiles, load_stats
+from analysis.load import load_profiles, load_stats, same_dump_form
 from analysis.outcomes import read_passkey, seed_values
 from analysis.plots import line_figure, panel_figure, polar_fan
 from analysis.rank import per_seed, rank_difference, seed_interval
@@ -123,7 +123,10 @@ def rank_figures(cells: pd.DataFrame, level: float = 0.95) -> list[Figure]:
     figs = []
     have = cells[cells["attention_path"].map(lambda p: p.is_file())]
     for tt, group in by_theta(have):
-        seeded = {v: per_seed(_seeded_stats(g)) for v, g in variants(group)}
+        stats = {v: _seeded_stats(g) for v, g in variants(group)}
+        if stats:  # a pooled map's effective rank is not a full map's: one form and length per comparison
+            same_dump_form(pd.concat(stats.values(), ignore_index=True), f"the effective-rank figures at {tt}")
+        seeded = {v: per_seed(s) for v, s in stats.items()}
         if not seeded:
             continue
         absolute, bands = {}, {}

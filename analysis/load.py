@@ -1,8 +1,11 @@
 """Reading stored results: attention dumps, logit profiles, passkey tables and sweep results.
 
 Dumps are streamed one row group (one layer) at a time, so memory stays bounded by one layer's
-selection. A truncated, foreign or wrong-schema file raises a UserError that says which file and
-what is wrong, never a traceback from inside pyarrow.
+selection. A dump stores its maps full, pooled or as sampled rows (`form`, `pool`, `query_rows`; a dump written
+before the forms, schema 2, is full): `load_stats` carries the form beside each row's entropy and effective rank,
+`iter_maps` yields the maps as stored, and `same_dump_form` refuses to compare statistics of different forms or
+lengths. A truncated, foreign or wrong-schema file raises a UserError that says which file and what is wrong, never
+a traceback from inside pyarrow.
 """
 
 from __future__ import annotations
@@ -30,11 +33,13 @@ __all__ = [
     "load_stats",
     "open_dump",
     "read_json",
+    "same_dump_form",
     "sweep_cells",
 ]
 
 SCALAR_COLUMNS = ["run_id", "config_hash", "step", "sample", "layer", "head", "seq_len", "pe_kind", "pe_label",
-                  "rotation_dim", "basis", "basis_seed", "theta", "scaling", "entropy", "erank"]
+                  "rotation_dim", "basis", "basis_seed", "theta", "scaling", "form", "pool", "entropy", "erank"]
+FORM_DEFAULTS = {"form": "full", "pool": 1}  # what a dump written before the forms (schema 2) holds
 _SCHEMA_KEY = b"hdrope.dump_schema"
 _DAMAGED = (pa.ArrowException, OSError)  # what pyarrow raises for a damaged file (ArrowInvalid, OSError for thrift)
 
@@ -82,9 +87,10 @@ def _float_list(t: pa.DataType) -> bool:
 
 # column -> (what it must be, check): a file whose metadata says "dump" but whose columns are other types is refused
 _TYPES = {
-    **{c: ("an integer", pa.types.is_integer) for c in ("layer", "head", "sample", "seq_len", "step", "rotation_dim")},
+    **{c: ("an integer", pa.types.is_integer) for c in ("layer", "head", "sample", "seq_len", "step", "rotation_dim",
+                                                         "pool")},
     **{c: ("a float", pa.types.is_floating) for c in ("erank", "entropy", "theta")},
-    **{c: ("a string", pa.types.is_string) for c in ("pe_kind", "pe_label", "basis", "run_id", "config_hash")},
+    **{c: ("a string", pa.types.is_string) for c in ("pe_kind", "pe_label", "basis", "run_id", "config_hash", "form")},
     "attn": ("a fixed-shape float tensor", _float_tensor),
     "logit_mean": ("a list of floats", _float_list),
 }
@@ -106,12 +112,31 @@ def load_stats(path: str | Path, layers=None, heads=None) -> pd.DataFrame:
             t = pf.read_row_group(i, columns=[c for c in SCALAR_COLUMNS if c in pf.schema_arrow.names])
         except _DAMAGED as err:
             raise _truncated(path, i, err) from None
-        frames.append(_filter(t, layers, heads, None).to_pandas())
+        frames.append(_with_form(_filter(t, layers, heads, None).to_pandas()))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=SCALAR_COLUMNS)
 
 
+def _with_form(frame: pd.DataFrame) -> pd.DataFrame:
+    for column, default in FORM_DEFAULTS.items():
+        if column not in frame.columns:
+            frame[column] = default
+    return frame
+
+
+def same_dump_form(stats: pd.DataFrame, what: str) -> pd.DataFrame:
+    """stats unchanged when all its rows come from dumps of one form, pool and length; UserError naming `what` and
+    the forms found otherwise (a pooled map's effective rank is not a full map's)."""
+    forms = stats[["form", "pool", "seq_len"]].drop_duplicates()
+    if len(forms) > 1:
+        found = "; ".join(f"{r.form} (pool {r.pool}) at {r.seq_len} tokens" for r in forms.itertuples())
+        raise UserError(f"{what}: the attention dumps differ in form or length ({found}), so their effective ranks and "
+                        "entropies are not comparable; dump every cell with one dump.seq_len and dump.form")
+    return stats
+
+
 def iter_maps(path: str | Path, layers=None, heads=None, samples=None) -> Iterator[tuple[pd.DataFrame, np.ndarray]]:
-    """Yield (ids, maps (n, L, L) float32) one row group (layer) at a time, selected by layer/head/sample."""
+    """Yield (ids, maps (n, M, N) float32) one row group (layer) at a time, selected by layer/head/sample; the maps
+    as stored (the ids' `form`, `pool` and `query_rows` say how: L × L full, pooled ⌈L/pool⌉², or rows × L)."""
     pf = open_dump(path)
     for i in range(pf.num_row_groups):
         try:
@@ -122,7 +147,7 @@ def iter_maps(path: str | Path, layers=None, heads=None, samples=None) -> Iterat
         if t.num_rows == 0:
             continue
         maps = t.column("attn").combine_chunks().to_numpy_ndarray().astype(np.float32)
-        yield t.drop(["attn"]).to_pandas(), maps
+        yield _with_form(t.drop(["attn"]).to_pandas()), maps
 
 
 def load_profiles(path: str | Path, layers=None, heads=None) -> pd.DataFrame:

@@ -38,7 +38,8 @@ def test_dump_rows_are_softmax_maps_with_matching_statistics(tmp_path):
     t = pf.read()
     assert t.num_rows == 3 * 2 * 1 and set(t.column("head").to_pylist()) == {1}
     assert t.schema.field("attn").type.extension_name == "arrow.fixed_shape_tensor"
-    assert pf.schema_arrow.metadata[b"hdrope.dump_schema"] == b"2"
+    assert pf.schema_arrow.metadata[b"hdrope.dump_schema"] == b"3"
+    assert set(t.column("form").to_pylist()) == {"full"} and t.column("query_rows").null_count == 6
     assert t.column("pe_label").to_pylist() == ["4D Paley"] * 6 and t.column("basis_seed").null_count == 6
     maps = t.column("attn").combine_chunks().to_numpy_ndarray().astype(np.float64)
     assert maps.shape == (6, 40, 40)
@@ -56,6 +57,57 @@ def test_dump_rows_are_softmax_maps_with_matching_statistics(tmp_path):
     want = [torch.diagonal(logits, -d, dim1=-2, dim2=-1).mean().item() for d in (0, 7, 39)]
     got = prof.column("logit_mean")[0].as_py()
     np.testing.assert_allclose([got[0], got[7], got[39]], want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["hdrope", "stickbreaking"])
+def test_a_long_dump_stores_pooled_maps_or_sampled_rows_of_the_full_maps_by_tiles(tmp_path, kind):
+    """At a length of several tiles the maps are computed tile by tile: stored full they are the dense weights;
+    pooled, the full maps summed over key blocks and averaged over query blocks (rows still distributions); as rows,
+    the full maps' rows at evenly spaced queries. Entropy (of the true rows) and the logit profile agree across forms,
+    and the analysis reads each form as it is stored."""
+    from analysis.load import iter_maps, load_profiles, load_stats
+    from trainer.model.position import pe_config_class
+
+    torch.manual_seed(3)
+    args = load_model_args("tiny")
+    args.pe, args.attention_block = pe_config_class(kind)(kind=kind), 16
+    model = Llama(args).eval()
+    tokens = torch.randint(0, 259, (2, 96), generator=torch.Generator().manual_seed(4))
+    ids = DumpIds("r1", "abc", 5, encoding_identity(model.args.pe))
+    out = {}
+    for form, extra in (("full", {}), ("pooled", {"pool": 8}), ("rows", {"rows": 10})):
+        cfg = DumpConfig(samples=2, heads=[0, 1], form=form, **extra)
+        attn, prof = dump_attention(model, tokens, cfg, ids, tmp_path / form)
+        stats, (frame, maps) = load_stats(attn), next(iter_maps(attn, layers=[1]))
+        out[form] = (stats, frame, maps, load_profiles(prof))
+    full = out["full"][2]  # (samples × heads, 96, 96) of layer 1, fp16
+    cap = {}
+    model(tokens[:1], capture=cap)
+    from trainer.model.attention.dense import dense_weights
+
+    want = dense_weights(model.pe, cap[1])[0, :2].detach().double().numpy()
+    np.testing.assert_allclose(full[:2], want, atol=2e-3)  # the tiles' maps are the dense ones (fp16)
+    pooled = out["pooled"][2]
+    assert pooled.shape == (4, 12, 12) and set(out["pooled"][1]["pool"]) == {8}
+    np.testing.assert_allclose(pooled, full.reshape(4, 12, 8, 12, 8).sum(-1).mean(-2), atol=2e-3)
+    np.testing.assert_allclose(pooled.sum(-1), 1.0, atol=1e-2)
+    rows, frame = out["rows"][2], out["rows"][1]
+    chosen = list(frame["query_rows"].iloc[0])
+    assert rows.shape == (4, 10, 96) and chosen[0] == 0 and chosen[-1] == 95
+    np.testing.assert_allclose(rows, full[:, chosen], atol=2e-3)
+    entropy = {form: out[form][0].sort_values(["layer", "sample", "head"])["entropy"].to_numpy() for form in out}
+    np.testing.assert_allclose(entropy["pooled"], entropy["full"], rtol=1e-4)
+    assert out["rows"][0]["erank"].isna().all() and out["pooled"][0]["erank"].notna().all()
+    for form in ("pooled", "rows"):
+        np.testing.assert_allclose(np.stack(out[form][3]["logit_mean"]), np.stack(out["full"][3]["logit_mean"]),
+                                   rtol=1e-5, atol=1e-5)
+    import pandas as pd
+
+    from analysis.load import same_dump_form
+
+    with pytest.raises(UserError, match=r"ranks: the attention dumps differ in form or length \(full \(pool 1\) at "
+                                        r"96 tokens; pooled \(pool 8\) at 96 tokens\)"):
+        same_dump_form(pd.concat([out["full"][0], out["pooled"][0]]), "ranks")
 
 
 def test_dump_over_budget_is_refused_before_computing(tmp_path):

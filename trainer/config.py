@@ -32,6 +32,7 @@ __all__ = [
     "BASE_METRICS",
     "COST_METRICS",
     "DOCUMENT_POSITIONS",
+    "DUMP_FORMS",
     "NEW_SETTING",
     "DataConfig",
     "DocumentsConfig",
@@ -233,9 +234,17 @@ def validation_windows(e: EvalConfig, factor: int = 1) -> int:
     return e.extrapolation_batches * max(1, e.batch_size // factor)
 
 
+DUMP_FORMS = {"full": "every (query, key) weight: L × L per head",
+              "pooled": "the weights summed over blocks of `pool` keys and averaged over blocks of `pool` queries: "
+                        "⌈L/pool⌉² per head, each row still a distribution",
+              "rows": "the whole rows of `rows` query positions spaced evenly from the first to the last: rows × L",
+              "auto": "full up to dump.full_max tokens, pooled beyond"}
+
+
 @dataclass
 class DumpConfig:
-    """Attention-map probe set written at the end of training; bounded by byte_budget."""
+    """Attention-map probe set written at the end of training; bounded by byte_budget. At a long dump.seq_len the maps
+    are stored block-pooled or as sampled query rows (`form`, a key of DUMP_FORMS), never L² per head."""
 
     enabled: bool = False
     samples: int = 2
@@ -243,6 +252,10 @@ class DumpConfig:
     layers: list[int] = field(default_factory=list)  # empty: all
     heads: list[int] = field(default_factory=list)  # empty: all
     byte_budget: int = 64 * 2**20
+    form: str = field(default="auto", metadata=NEW_SETTING)
+    full_max: int = field(default=512, metadata=NEW_SETTING)  # auto: the longest length dumped in full
+    pool: int = field(default=0, metadata=NEW_SETTING)  # pooled: tokens per block; 0: the least that keeps 256² maps
+    rows: int = field(default=64, metadata=NEW_SETTING)  # rows: query positions sampled
 
 
 @dataclass
@@ -456,7 +469,10 @@ def config_errors(cfg: RunConfig) -> list[str]:
     if pk.enabled:
         errors += _repeated_factors(pk.length_factors, "eval.passkey.length_factors")
     _positive(errors, pk, "eval.passkey", ("depths", "samples", "max_new_tokens"))
-    _positive(errors, dump, "dump", ("samples", "byte_budget"))
+    _positive(errors, dump, "dump", ("samples", "byte_budget", "full_max", "rows"))
+    _positive(errors, dump, "dump", ("pool",), True)
+    if dump.form not in DUMP_FORMS:
+        errors.append(f"dump.form={dump.form!r}: choose one of {', '.join(DUMP_FORMS)}")
     _positive(errors, dump, "dump", ("seq_len",), True)
     for key, values, bound in (("layers", dump.layers, cfg.model.n_layers), ("heads", dump.heads, cfg.model.n_heads)):
         bad = [v for v in values if not 0 <= v < bound]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -20,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from trainer.model.attention.call import AttentionCall, Tile
 from trainer.model.attention.dense import grouped_values
 
-__all__ = ["DEFAULT_BLOCK", "block_edges", "tiled_attention"]
+__all__ = ["DEFAULT_BLOCK", "block_edges", "tile_weights", "tiled_attention"]
 
 DEFAULT_BLOCK = 256  # tokens per query block and key tile
 
@@ -218,3 +219,47 @@ def tiled_attention(pe: Any, call: AttentionCall, block: int = DEFAULT_BLOCK) ->
             out = _block(pe, call, prep.other, i0, qb, pb, pqb, tiles)
         outs.append(out)
     return torch.cat(outs, dim=2)
+
+
+def tile_weights(pe: Any, call: AttentionCall, block: int = DEFAULT_BLOCK
+                 ) -> Iterator[tuple[int, int, int, int, torch.Tensor, torch.Tensor]]:
+    """Every tile's attention weights and scores, without gradients and without the whole matrix: (i0, i1, j0, j1,
+    weights, scores) for queries i0..i1-1 and keys j0..j1-1 (local), weights (batch, heads, queries, keys) whose rows
+    sum to 1 over all of a query block's tiles (the query's own value's share added on its own key), and scores as
+    `dense_logits` gives them (-inf where the mask hides a key). A softmax kind's block is passed twice: its rows'
+    log-sum-exp, then its weights."""
+    mask = call.mask
+    s, n = call.q.shape[-2], call.k.shape[-2]
+    with torch.no_grad():
+        prep = pe.prepare(call, block)
+        q_edges, k_edges = block_edges(mask.q_index, s, block), block_edges(mask.k_index, n, block)
+        q_blocks, q_pos = _split(call.q, q_edges, 2), _split(call.q_pos, q_edges, 1)
+        keys = [_KeyTile(a, b, k, v, pos, pk) for (a, b), k, v, pos, pk in zip(
+            k_edges, _split(call.k, k_edges, 2), _split(call.v, k_edges, 2), _split(call.k_pos, k_edges, 1),
+            _pieces(prep.keys, k_edges), strict=True)]
+        lows = mask.first_keys([a for a, _ in q_edges])
+        for (i0, i1), qb, pb, pqb, low in zip(q_edges, q_blocks, q_pos, _pieces(prep.queries, q_edges), lows,
+                                              strict=True):
+            last = mask.q_index + i1 - 1 - mask.k_index
+            tiles = [kt for kt in reversed(keys) if kt.j0 <= last and kt.j1 > low]
+            lse = _block(pe, call, prep.other, i0, qb, pb, pqb, tiles, with_lse=True)[1] if pe.normalised else None
+            carry, out = None, []
+            for m, kt in enumerate(tiles):
+                visible = mask.visible(i0, i1, kt.j0, kt.j1, qb.device)
+                t = Tile(qb, kt.k, pb, kt.pos, i0, kt.j0, visible, call.layer, pqb, kt.pk, prep.other, mask, m == 0)
+                scores, carry = pe.tile_scores(t, carry)
+                if pe.normalised:
+                    if visible is not None:
+                        scores = scores.masked_fill(~visible, float("-inf"))
+                    weights = _exp(scores - lse, visible)
+                else:
+                    weights = _exp(scores, scores > float("-inf"))
+                out.append([i0, i1, kt.j0, kt.j1, weights, scores])
+            own = pe.self_weight(carry)
+            if own is not None:  # the query's own key is in the block's first tile
+                first = out[0]
+                rows = torch.arange(i1 - i0, device=qb.device)
+                cols = mask.q_index + i0 + rows - (mask.k_index + first[2])
+                first[4] = first[4].clone()
+                first[4][..., rows, cols] += own
+            yield from (tuple(x) for x in out)
