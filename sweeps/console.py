@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("analysis.cli:report_main", "the paper's tables and figures from a sweep (Markdown + PNG, to MLflow)"),
     "seeds": ("analysis.cli:seeds_main", "seeds a planned sweep needs to detect a difference, from a pilot's spread"),
     "theory": ("analysis.cli:theory_main", "decay bound, B(Δ), wavelengths and K mixing per rotation dim and θ"),
-    "bench": ("sweeps.console:bench_main", "benchmarks: rotary, encodings, train, tasks, sweep, analysis"),
+    "bench": ("sweeps.console:bench_main", "benchmarks: rotary, encodings, train, tasks, sweep, analysis, length"),
 }
 BENCHES: dict[str, tuple[str, str]] = {
     "rotary": ("hdrope.bench:main", "HD-RoPE kernels vs RoPE and the elementwise floor"),
@@ -40,6 +40,8 @@ BENCHES: dict[str, tuple[str, str]] = {
               "task-evaluation cost"),
     "sweep": ("sweeps.bench:main", "an 8-cell tiny grid under Ray Tune vs back to back in one process"),
     "analysis": ("analysis.bench:main", "effective-rank throughput (maps/s) at L = 256 and 1024 over a stored dump"),
+    "length": ("trainer.model.bench_length:main", "every kind's training step at 512..8192 tokens: peak memory and "
+               "step time vs RoPE, memory slope"),
 }
 
 

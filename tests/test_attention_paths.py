@@ -305,3 +305,25 @@ def test_tiles_recompute_what_they_drop_with_exact_gradients_for_a_kind_with_a_c
              for block in (3, 23)]
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+
+
+def test_bench_length_prints_each_kinds_memory_and_step_time_against_ropes_side_by_side(hdrope_here, tmp_path):
+    import json
+
+    out = tmp_path / "length.json"
+    done = hdrope_here(["bench", "length", "--preset", "tiny", "--lengths", "256", "512", "--kinds", "alibi", "fire",
+                        "--rounds", "1", "--json", str(out)])
+    assert done.returncode == 0, done.stderr
+    assert "peak memory added by one training step" in done.stdout and "training step time" in done.stdout
+    assert "length 512: done" in done.stderr  # progress per length
+    res = json.loads(out.read_text())
+    assert res["lengths"] == [256, 512] and {r["kind"] for r in res["rows"]} == {"rope", "alibi", "fire"}
+    for r in res["rows"]:
+        assert r["memory_mb"] > 0 and r["step_s"] > 0
+        if r["kind"] == "rope":
+            assert r["memory_vs_rope"] == r["step_vs_rope"] == r["mfu_vs_rope"] == 1.0
+    # at 256 tokens (one tile) alibi takes the dense path and at 512 the tiled one: its memory ratio to RoPE falls
+    alibi = {r["length"]: r["memory_vs_rope"] for r in res["rows"] if r["kind"] == "alibi"}
+    assert alibi[512] < alibi[256]
+    assert set(res["slopes"]) == {"rope", "alibi", "fire"}
+    assert hdrope_here(["bench", "length", "--kinds", "nonsense", "--lengths", "64"]).returncode == 2

@@ -68,15 +68,18 @@ class DAPE(PositionModule):
 
     def mix(self, x: torch.Tensor, bias: torch.Tensor, layer: int) -> torch.Tensor:
         """x + b + MLP([x; b]) over the head dimension: x (batch, heads, seq, kv_len), b (batch or 1, heads, seq,
-        kv_len). The first layer's product with b is taken once for the rows b has, and both products run in the
-        heads-first layout (no copy of the pairs into a heads-last one)."""
-        heads, dtype = x.shape[1], x.dtype
-        w1, b1 = self.w1[layer].to(dtype), self.b1[layer].to(dtype)
-        bias = bias.to(dtype)
-        hidden = (torch.einsum("kh,bhij->bkij", w1[:, :heads], x) + torch.einsum("kh,bhij->bkij", w1[:, heads:], bias)
-                  + b1[:, None, None])
-        mixed = torch.einsum("hk,bkij->bhij", self.w2[layer].to(dtype), F.leaky_relu(hidden))
-        return x + bias + mixed + self.b2[layer].to(dtype)[:, None, None]
+        kv_len). Both products run over the pairs in the heads-first layout, each with its bias added in the same
+        kernel (no copy of the pairs into a heads-last layout, one pass over the hidden units each way)."""
+        b, heads, s, n = x.shape
+        dtype = x.dtype
+        bias = bias.to(dtype).expand_as(x)
+        feats = torch.cat([x, bias], dim=1).view(b, 2 * heads, s * n)
+        w1, w2 = self.w1[layer].to(dtype), self.w2[layer].to(dtype)
+        hidden = torch.baddbmm(self.b1[layer].to(dtype)[None, :, None].expand(b, -1, 1), w1[None].expand(b, -1, -1),
+                               feats)
+        mixed = torch.baddbmm(self.b2[layer].to(dtype)[None, :, None].expand(b, -1, 1), w2[None].expand(b, -1, -1),
+                              F.leaky_relu(hidden))
+        return x + bias + mixed.view(b, heads, s, n)
 
     def tile_scores(self, t, carry=None):
         x = t.qk() * self.softmax_scale(t.q.shape[-1])

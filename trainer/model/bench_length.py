@@ -1,0 +1,205 @@
+"""`hdrope bench length`: every kind's training step at growing sequence lengths, side by side with RoPE.
+
+For each length, every kind (at its defaults, `model.attention=auto`) runs one full optimizer step (forward,
+cross-entropy, backward, AdamW) of the same preset on the same batch: the step times round-robin in this process
+(`hdrope.bench.median_round_robin`), and, on a CPU, the peak memory each step adds in a process of its own (every
+allocation of 64 KiB or more mapped and unmapped directly, so the resident set follows what is live, and the high-water
+mark reset before the step). On CUDA the memory is the allocator's peak over the step, with tokens/s and MFU.
+Each kind's memory slope over length is the least-squares slope of log memory on log length: about 1 is linear,
+about 2 quadratic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import multiprocessing as mp
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from hdrope.bench import bench_device, median_round_robin
+from hdrope.bench_args import non_negative_int, positive_int, writable_file
+from hdrope.errors import UserError
+from trainer.model.args import ModelArgs
+from trainer.model.llama import Llama
+from trainer.model.position import POSITION_ENCODINGS, pe_config_class
+from trainer.model.throughput import flops_per_token, peak_flops
+from trainer.presets import load_model_args
+from trainer.run.bench import train_step_fn
+
+__all__ = ["DEFAULT_LENGTHS", "main", "memory_slope", "run_length_bench"]
+
+DEFAULT_LENGTHS = (512, 1024, 2048, 4096, 8192)
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def _args(preset: str, kind: str, seq: int) -> ModelArgs:
+    return replace(load_model_args(preset), max_seq_len=seq, pe=pe_config_class(kind)(kind=kind))
+
+
+def _step(args: ModelArgs, batch: int, device: torch.device) -> Callable[[], None]:
+    torch.manual_seed(0)
+    model = Llama(args).to(device)
+    tokens = torch.randint(0, args.vocab_size, (batch, args.max_seq_len + 1), device=device,
+                           generator=torch.Generator(device).manual_seed(1))
+    return train_step_fn(model, tokens)
+
+
+def _status(key: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
+
+
+def _cpu_memory(preset: str, kinds: list[str], seq: int, batch: int, threads: int) -> dict[str, float]:
+    """Bytes each kind's training step adds at its peak, measured one kind after another in this process."""
+    torch.set_num_threads(threads)
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(M_MMAP_THRESHOLD, 65536)  # large blocks straight from and back to the kernel: RSS follows live bytes
+    out = {}
+    for kind in kinds:
+        step = _step(_args(preset, kind, seq), batch, torch.device("cpu"))
+        step()  # the optimizer's state and every cache, allocated
+        libc.malloc_trim(0)
+        before = _status("VmRSS")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the high-water mark
+        step()
+        out[kind] = float(_status("VmHWM") - before)
+        del step
+        libc.malloc_trim(0)
+    return out
+
+
+def _cpu_memory_in_child(preset: str, kinds: list[str], seq: int, batch: int, threads: int) -> dict[str, float]:
+    with mp.get_context("spawn").Pool(1) as pool:  # a process whose allocator this one's history does not touch
+        return pool.apply(_cpu_memory, (preset, kinds, seq, batch, threads))
+
+
+def _cuda_memory(step: Callable[[], None], device: torch.device) -> float:
+    step()
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step()
+    return float(torch.cuda.max_memory_allocated(device) - before)
+
+
+def memory_slope(lengths: list[int], memory: list[float]) -> float:
+    """The least-squares slope of log memory on log length (1: linear, 2: quadratic); nan with fewer than two."""
+    if len(lengths) < 2:
+        return float("nan")
+    return float(np.polyfit(np.log(lengths), np.log(memory), 1)[0])
+
+
+def run_length_bench(preset: str = "compact", lengths: tuple[int, ...] = DEFAULT_LENGTHS,
+                     kinds: tuple[str, ...] = (), rounds: int = 2, batch: int = 1, threads: int = 1,
+                     device: str = "cpu", memory: bool = True, progress: Callable[[str], None] | None = None) -> dict:
+    """Step time and peak memory of every kind (or `kinds`, RoPE always among them) at each length, with ratios to
+    RoPE's at the same length and each kind's memory slope; the machine and versions alongside."""
+    names = list(dict.fromkeys(["rope", *(kinds or sorted(POSITION_ENCODINGS))]))
+    unknown = [k for k in names if k not in POSITION_ENCODINGS]
+    if unknown:
+        raise UserError(f"--kinds: {unknown[0]!r} is not a kind; choose from {', '.join(sorted(POSITION_ENCODINGS))}")
+    dev = bench_device(device)
+    torch.set_num_threads(threads)
+    say = progress or (lambda line: None)
+    rows = []
+    for seq in lengths:
+        t0 = time.perf_counter()
+        steps = {kind: _step(_args(preset, kind, seq), batch, dev) for kind in names}
+        for step in steps.values():
+            step()  # warm: allocator, caches, the optimizer's state
+        say(f"length {seq}: timing {len(names)} kinds, {rounds} round(s)")
+        ms = median_round_robin(steps, rounds)
+        if not memory:
+            mem = dict.fromkeys(names, float("nan"))
+        elif dev.type == "cuda":
+            mem = {kind: _cuda_memory(step, dev) for kind, step in steps.items()}
+        else:
+            del steps
+            say(f"length {seq}: peak memory of each kind's step")
+            mem = _cpu_memory_in_child(preset, names, seq, batch, threads)
+        peak = peak_flops(dev, torch.float32)
+        for kind in names:
+            tps = batch * seq / (ms[kind] / 1e3)
+            mfu = tps * flops_per_token(_args(preset, kind, seq), seq) / peak
+            rows.append({"kind": kind, "length": seq, "step_s": ms[kind] / 1e3, "step_vs_rope": ms[kind] / ms["rope"],
+                         "memory_mb": mem[kind] / 2**20, "memory_vs_rope": mem[kind] / mem["rope"],
+                         "tokens_per_s": tps, "tokens_per_s_vs_rope": ms["rope"] / ms[kind], "mfu": mfu})
+        rope_mfu = next(r["mfu"] for r in rows if r["kind"] == "rope" and r["length"] == seq)
+        for r in rows[-len(names):]:
+            r["mfu_vs_rope"] = r["mfu"] / rope_mfu
+        say(f"length {seq}: done in {time.perf_counter() - t0:.0f} s")
+    slopes = {kind: memory_slope([r["length"] for r in rows if r["kind"] == kind],
+                                 [r["memory_mb"] for r in rows if r["kind"] == kind]) for kind in names}
+    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_name()
+    return {"preset": preset, "batch": batch, "threads": threads, "device": where, "rounds": rounds,
+            "torch": torch.__version__, "cuda": torch.version.cuda, "lengths": list(lengths), "rows": rows,
+            "slopes": slopes}
+
+
+def _cpu_name() -> str:
+    from trainer.files.machine import cpu_model
+
+    return f"{cpu_model()} (CPU {torch.backends.cpu.get_cpu_capability()})"
+
+
+def _table(res: dict) -> str:
+    head = (f"# {res['preset']} batch={res['batch']} threads={res['threads']} on {res['device']}, torch {res['torch']}"
+            f"{', CUDA ' + res['cuda'] if res['cuda'] else ''}; median of {res['rounds']} round-robin round(s)")
+    by = {(r["kind"], r["length"]): r for r in res["rows"]}
+    kinds = list(dict.fromkeys(r["kind"] for r in res["rows"]))
+    lines = [head]
+    for title, value, ratio, unit in (("peak memory added by one training step", "memory_mb", "memory_vs_rope", "MB"),
+                                      ("training step time", "step_s", "step_vs_rope", "s")):
+        lines += ["", f"{title}, {unit} (× RoPE's at the same length)",
+                  f"{'kind':<14}" + "".join(f"{n:>17}" for n in res["lengths"])
+                  + (f"{'memory slope':>18}" if value == "memory_mb" else "")]
+        for kind in kinds:
+            cells = []
+            for n in res["lengths"]:
+                r = by[(kind, n)]
+                number = r[value]
+                cells.append("-".rjust(17) if math.isnan(number) else
+                             f"{number:.0f} ({r[ratio]:.2f})".rjust(17) if unit == "MB" else
+                             f"{number:.2f} ({r[ratio]:.2f})".rjust(17))
+            slope = res["slopes"][kind]
+            tail = ("" if value != "memory_mb" or math.isnan(slope) else
+                    f"{slope:.2f} {'linear' if slope < 1.3 else 'quadratic'}".rjust(18))
+            lines.append(f"{kind:<14}" + "".join(cells) + tail)
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    """Run the length benchmark and print the table (and write JSON with --json)."""
+    ap = argparse.ArgumentParser(prog="hdrope bench length", description=__doc__)
+    ap.add_argument("--preset", default="compact")
+    ap.add_argument("--lengths", type=positive_int, nargs="+", default=list(DEFAULT_LENGTHS))
+    ap.add_argument("--kinds", nargs="+", default=[], metavar="KIND", help="these kinds (RoPE always); default: all")
+    ap.add_argument("--rounds", type=positive_int, default=2)
+    ap.add_argument("--batch", type=positive_int, default=1)
+    ap.add_argument("--threads", type=non_negative_int, default=1, help="torch threads (default 1)")
+    ap.add_argument("--device", default="cpu", help="cpu (default), auto (cuda when available), cuda or cuda:N")
+    ap.add_argument("--no-memory", action="store_true", help="time only")
+    ap.add_argument("--json", type=writable_file, default=None, help="also write the results to this JSON file")
+    a = ap.parse_args(argv)
+    n_kinds = len(set(["rope", *(a.kinds or POSITION_ENCODINGS)]))
+    steps = a.rounds + 1 + (0 if a.no_memory else 2)
+    print(f"hdrope bench length: {n_kinds} kinds at {len(a.lengths)} lengths ({', '.join(map(str, a.lengths))}), "
+          f"{steps} training steps of each (progress on stderr; docs/long-context.md gives the defaults' measured "
+          "time)", flush=True)
+    res = run_length_bench(a.preset, tuple(a.lengths), tuple(a.kinds), a.rounds, a.batch, a.threads or 1, a.device,
+                           not a.no_memory, lambda line: print(line, file=sys.stderr, flush=True))
+    print(_table(res))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
