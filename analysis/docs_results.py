@@ -3,7 +3,8 @@
 A quoted table sits between two markers in README.md or docs/*.md:
 
     <!-- results:<study>:<table> -->
-    ...generated from experiments/results/<study>/ (`analysis.shipped`)...
+    ...generated from experiments/results/<study>/ (`analysis.shipped`; a folder holding a benchmark's bench.json
+    instead renders through `analysis.length_bench`)...
     <!-- /results -->
 
 `hdrope report --docs` rewrites every block from the files (TABLES says which tables exist; `<table>-<metric>`
@@ -27,6 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.comparisons import EXPLORATORY, fmt
+from analysis.length_bench import BENCH_FILE, render_bench
 from analysis.load import REPO_ROOT
 from analysis.outcomes import seed_values
 from analysis.shipped import Study, load_study
@@ -112,6 +114,8 @@ TABLES: dict[str, Callable[[Study, str | None], str]] = {"declared": _declared, 
 def render(study: str, table: str, results_dir: Path = RESULTS_DIR) -> str:
     """The body of a `<!-- results:<study>:<table> -->` block (`<table>` or `<table>-<metric>`), from the study's
     shipped files."""
+    if (results_dir / study / BENCH_FILE).is_file():  # a shipped benchmark, not a study
+        return render_bench(results_dir / study, table)
     name, _, metric = table.partition("-")
     if name not in TABLES:
         raise UserError(f"results block {study}:{table}: no table {name!r}; choose one of {sorted(TABLES)}, "

@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 
 from analysis.docs_results import NOTE, RESULTS_DIR, doc_files, problems, regenerate, render
+from analysis.length_bench import BENCH_FILE, load_length_bench
 from analysis.load import load_results, sweep_cells
 from analysis.report import report_tables, verdict_markdown
 from analysis.shipped import CELLS_FILE, COMPARISONS_FILE, drift, load_study, rebuild, ship
 from hdrope.errors import UserError
+from trainer.model.position import POSITION_ENCODINGS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,12 +26,48 @@ def test_every_docs_block_agrees_with_its_shipped_files():
     assert problems(doc_files(REPO)) == []
 
 
-@pytest.mark.parametrize("study", sorted(p.name for p in RESULTS_DIR.glob("*") if p.is_dir()) or ["(none)"])
+STUDIES = sorted(p.name for p in RESULTS_DIR.glob("*") if p.is_dir() and not (p / BENCH_FILE).is_file())
+BENCHES = sorted(p.name for p in RESULTS_DIR.glob("*") if (p / BENCH_FILE).is_file())
+
+
+@pytest.mark.parametrize("study", STUDIES or ["(none)"])
 def test_every_shipped_comparison_table_agrees_with_its_cells(study):
     """A shipped study's comparisons.csv is what its cells.csv gives (the quickstart is one)."""
     if study == "(none)":
         pytest.skip("no study is shipped in experiments/results yet")
     assert drift(RESULTS_DIR / study) == []
+
+
+def test_the_shipped_length_bench_is_whole_and_the_long_context_page_quotes_it():
+    """experiments/results/bench_length_cpu (issue 45): every kind at 512..8192 tokens, read through its schema, and
+    docs/long-context.md quotes its tables through blocks (which the first test ties to the file)."""
+    assert BENCHES == ["bench_length_cpu"]
+    res = load_length_bench(RESULTS_DIR / "bench_length_cpu")
+    assert res["lengths"] == [512, 1024, 2048, 4096, 8192] and res["preset"] == "compact"
+    assert {r["kind"] for r in res["rows"]} == set(POSITION_ENCODINGS)
+    text = (REPO / "docs/long-context.md").read_text()
+    for table in ("paths", "targets", "memory", "time"):
+        assert f"<!-- results:bench_length_cpu:{table} -->" in text
+
+
+def test_a_damaged_length_bench_is_refused_naming_the_field(tmp_path):
+    import json
+
+    good = json.loads((RESULTS_DIR / "bench_length_cpu" / BENCH_FILE).read_text())
+    cases = {"truncated": (lambda text: text[:len(text) // 2], "not a readable JSON file"),
+             "retyped": (lambda text: json.dumps({**json.loads(text), "threads": "one"}),
+                         r"field 'threads' is 'one', not an integer"),
+             "infinite": (lambda text: json.dumps({**json.loads(text), "rows": [{**json.loads(text)["rows"][0],
+                                                                                   "memory_mb": -1.0}]}),
+                          r"rows\[0\]\.memory_mb is -1\.0, not a finite number > 0"),
+             "a row short": (lambda text: json.dumps({**json.loads(text), "rows": json.loads(text)["rows"][1:]}),
+                             r"not every kind at every length once")}
+    for name, (damage, message) in cases.items():
+        folder = tmp_path / name.replace(" ", "_")
+        folder.mkdir()
+        (folder / BENCH_FILE).write_text(damage(json.dumps(good)))
+        with pytest.raises(UserError, match=message):
+            load_length_bench(folder)
 
 
 def test_the_shipped_rivals_study_quotes_its_declared_questions_from_its_files():

@@ -38,6 +38,7 @@ __all__ = [
     "build_position_encoding",
     "check_exportable",
     "dedup_pe",
+    "encoding_class",
     "encoding_flops",
     "encoding_frequencies",
     "encoding_identity",
@@ -53,7 +54,7 @@ __all__ = [
     "step_cost_key",
 ]
 
-PositionEncoding = PositionModule  # what the model calls: tables / rotate / attend (score_bias, logits)
+PositionEncoding = PositionModule  # what the model calls: tables / rotate / the tile hooks its attention reads
 
 # Building an encoding fills its cos/sin tables for model.max_seq_len positions: float64 phases, then float32
 # cos and sin of head_dim channels, about TABLE_BYTES_PER_VALUE bytes per position and channel at the peak.
@@ -205,12 +206,17 @@ def step_cost_key(pe: Any) -> dict[str, Any]:
     return {"kind": pe.kind, **{k: getattr(pe, k) for k in _checked(pe).cost_keys}}
 
 
-def encoding_scores(pe: Any, shape: EncodingShape) -> str:
-    """What pe's attention scores are (`PositionModule.scores_kind`: plain, bias, flex-bias or own), from its
-    built module at a short length; UserError for a config that does not build."""
+def encoding_class(pe: Any, shape: EncodingShape) -> type[PositionModule]:
+    """The module class pe builds (what its attention scores are, `scores_kind`, and whether it widens q and k),
+    from a build at a short length; UserError for a config that does not build."""
     small = EncodingShape(shape.head_dim, shape.n_heads, shape.n_kv_heads, shape.n_layers, min(shape.max_seq_len, 64),
                           shape.model_dim)
-    return type(build_position_encoding(pe, small)).scores_kind()
+    return type(build_position_encoding(pe, small))
+
+
+def encoding_scores(pe: Any, shape: EncodingShape) -> str:
+    """What pe's attention scores are (`PositionModule.scores_kind`: plain, bias, flex-bias or own)."""
+    return encoding_class(pe, shape).scores_kind()
 
 
 def build_position_encoding(cfg: Any, shape: EncodingShape | int) -> PositionModule:

@@ -1,0 +1,135 @@
+"""The docs' tables of a shipped `hdrope bench length` result (`experiments/results/<name>/bench.json`), checked
+against one schema when read, and the issue-45 targets they are read against.
+
+`analysis.docs_results` renders a `<!-- results:<name>:<table> -->` block from here when the folder holds a
+bench.json: `memory` and `time` (every kind × length, with the ratio to RoPE's), `targets` (each kind at the
+targets' length against its target) and `paths` (which attention path each kind takes on each device, from the
+registry). A truncated, retyped or foreign file is refused, naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from hdrope.errors import UserError
+
+__all__ = ["BENCH_FILE", "BENCH_TABLES", "TARGETS", "TARGET_LENGTH", "load_length_bench", "render_bench"]
+
+BENCH_FILE = "bench.json"
+TARGET_LENGTH = 2048
+MEMORY_TARGET = 1.5  # every kind's peak memory within 1.5x RoPE's at the target length
+# step time within this many times RoPE's at the target length (issue 45); kinds not named have no target
+TARGETS = {**dict.fromkeys(("alibi", "kerple", "t5_bias", "fox", "grape_a", "liere"), 2.0),
+           **dict.fromkeys(("fire", "cope", "dape", "stickbreaking", "path"), 4.0)}
+LINEAR_SLOPE = 1.3  # a memory slope over log length below this is linear (1), above it toward quadratic (2)
+_ROW = {"kind": str, "length": int, "step_s": float, "step_vs_rope": float, "memory_mb": float,
+        "memory_vs_rope": float, "tokens_per_s": float, "mfu": float, "mfu_vs_rope": float}
+_TOP = {"preset": str, "batch": int, "threads": int, "device": str, "rounds": int, "torch": str, "lengths": list,
+        "rows": list, "slopes": dict}
+
+
+_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a list", dict: "a mapping"}
+
+
+def _typed(value: Any, kind: type) -> bool:
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
+def load_length_bench(folder: Path) -> dict[str, Any]:
+    """The bench result in folder/bench.json; UserError naming the file and field when it is not one whole
+    `hdrope bench length` result (every kind at every length, RoPE among them, finite positive figures)."""
+    path = Path(folder) / BENCH_FILE
+    fix = "re-run `hdrope bench length --json` into it"
+    try:
+        res = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise UserError(f"{path}: not a readable JSON file ({type(err).__name__}); {fix}") from None
+    if not isinstance(res, dict):
+        raise UserError(f"{path}: holds a {type(res).__name__}, not a bench result; {fix}")
+    for key, kind in _TOP.items():
+        if not _typed(res.get(key), kind):
+            raise UserError(f"{path}: field {key!r} is {res.get(key)!r}, not {_NAMES[kind]}; {fix}")
+    for i, row in enumerate(res["rows"]):
+        for key, kind in _ROW.items():
+            value = row.get(key) if isinstance(row, dict) else None
+            if not _typed(value, kind) or (kind is float and not (math.isfinite(value) and value > 0)):
+                want = "a finite number > 0" if kind is float else _NAMES[kind]
+                raise UserError(f"{path}: rows[{i}].{key} is {value!r}, not {want}; {fix}")
+    cells = {(r["kind"], r["length"]) for r in res["rows"]}
+    kinds = {r["kind"] for r in res["rows"]}
+    missing = sorted((k, n) for k in kinds for n in res["lengths"] if (k, n) not in cells)
+    if "rope" not in kinds or missing or len(cells) != len(res["rows"]):
+        rope = "present" if "rope" in kinds else "absent"
+        raise UserError(f"{path}: not every kind at every length once (RoPE {rope}, missing {missing[:3]}); {fix}")
+    return res
+
+
+def _cells(res: dict[str, Any], value: str, ratio: str, digits: int) -> str:
+    by = {(r["kind"], r["length"]): r for r in res["rows"]}
+    head = ["kind", *(f"{n}" for n in res["lengths"])]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * len(res["lengths"])]
+    for kind in dict.fromkeys(r["kind"] for r in res["rows"]):
+        cells = [f"{by[(kind, n)][value]:.{digits}f} ({by[(kind, n)][ratio]:.2f}×)" for n in res["lengths"]]
+        lines.append(f"| `{kind}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _memory(res: dict[str, Any]) -> str:
+    return _cells(res, "memory_mb", "memory_vs_rope", 0)
+
+
+def _time(res: dict[str, Any]) -> str:
+    return _cells(res, "step_s", "step_vs_rope", 2)
+
+
+def _targets(res: dict[str, Any]) -> str:
+    at = {r["kind"]: r for r in res["rows"] if r["length"] == TARGET_LENGTH}
+    if not at:
+        raise UserError(f"the bench has no rows at the targets' length {TARGET_LENGTH}")
+    lines = [f"| kind | memory × RoPE at {TARGET_LENGTH} (target ≤ {MEMORY_TARGET}) | step × RoPE at {TARGET_LENGTH} "
+             "| step target | memory slope over length | met |", "|---|---:|---:|---:|---:|---|"]
+    for kind, r in at.items():
+        slope = res["slopes"].get(kind, float("nan"))
+        target = TARGETS.get(kind)
+        met = r["memory_vs_rope"] <= MEMORY_TARGET and slope < LINEAR_SLOPE and (
+            target is None or r["step_vs_rope"] <= target)
+        shape = "linear" if slope < LINEAR_SLOPE else "not linear"
+        bound = "—" if target is None else f"≤ {target:g}"
+        lines.append(f"| `{kind}` | {r['memory_vs_rope']:.2f} | {r['step_vs_rope']:.2f} | {bound} | {slope:.2f} "
+                     f"({shape}) | {'yes' if met else 'no'} |")
+    return "\n".join(lines)
+
+
+def _paths(res: dict[str, Any]) -> str:
+    from trainer.model.attention.paths import choose_path
+    from trainer.model.position import POSITION_ENCODINGS, encoding_class, pe_config_class
+    from trainer.presets import load_model_args
+
+    shape = load_model_args(res["preset"]).encoding_shape
+    lines = ["| kind | scores | CPU, one tile or less | CPU, longer | CUDA, training | CUDA, longer evaluation |",
+             "|---|---|---|---|---|---|"]
+    for kind in sorted(POSITION_ENCODINGS):
+        module = encoding_class(pe_config_class(kind)(kind=kind), shape)
+        scores = module.scores_kind()
+        cells = [choose_path("auto", scores, device, training, n, n, True, fused=not module.widens)
+                 for device, training, n in (("cpu", True, 256), ("cpu", True, 8192), ("cuda", True, 8192),
+                                             ("cuda", False, 32768))]
+        lines.append(f"| `{kind}` | {scores} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# table name -> what it renders from a shipped bench result
+BENCH_TABLES = {"memory": _memory, "time": _time, "targets": _targets, "paths": _paths}
+
+
+def render_bench(folder: Path, table: str) -> str:
+    """The body of a results block of a shipped bench result (a table of BENCH_TABLES)."""
+    if table not in BENCH_TABLES:
+        raise UserError(f"results block {Path(folder).name}:{table}: no bench table {table!r}; choose one of "
+                        f"{sorted(BENCH_TABLES)}")
+    return BENCH_TABLES[table](load_length_bench(folder)) + "\n"
