@@ -80,6 +80,8 @@ def report_main(argv: list[str]) -> int:
     p.add_argument("--tracking-uri", default=None)
     p.add_argument("--ship", default="", metavar="FOLDER",
                    help="also write the study's shipped results into FOLDER, e.g. experiments/results/quickstart")
+    p.add_argument("--force", action="store_true",
+                   help="with --ship: replace the shipped results of another study already in FOLDER")
     p.add_argument("--from-results", default="", metavar="FOLDER",
                    help="rebuild the report from a shipped results folder alone (no run directories)")
     p.add_argument("--out", default="", help="with --from-results: write the Markdown here instead of printing it")
@@ -104,7 +106,7 @@ def report_main(argv: list[str]) -> int:
     if a.ship:
         from analysis.shipped import ship
 
-        print(f"shipped: {', '.join(str(f) for f in ship(path, a.ship))}")
+        print(f"shipped: {', '.join(str(f) for f in ship(path, a.ship, a.force))}")
     return 0
 
 
@@ -118,11 +120,16 @@ def _shipped_main(a: argparse.Namespace) -> int:
         changed = regenerate(doc_files())
         print("\n".join(f"rewrote {f}" for f in changed) or "every results block is up to date")
         return 0
-    from analysis.shipped import rebuild
+    from analysis.shipped import rebuild, refuse_overwrite
 
+    out = refuse_overwrite(a.out, a.from_results) if a.out else None
     text = rebuild(a.from_results)
-    if a.out:
-        Path(a.out).write_text(text)
+    if out is not None:
+        try:
+            out.write_text(text)
+        except OSError as err:
+            raise UserError(f"--out {a.out}: could not write the report ({err.strerror or err}); give another path") \
+                from None
         print(f"written to {a.out}")
     else:
         print(text)

@@ -36,8 +36,8 @@ from analysis.variants import theta_text, with_variants
 if TYPE_CHECKING:
     from sweeps.plan import Plan
 
-__all__ = ["declared_family", "exploratory", "family_size", "plan_problems", "question_advice", "question_text",
-           "questions_markdown"]
+__all__ = ["declared_family", "duplicate_questions", "exploratory", "family_size", "plan_problems", "question_advice",
+           "question_text", "questions_markdown"]
 
 # metric families a cell does not report itself but the analysis derives or a later command adds
 DERIVED_METRICS = {"efflen_loss": "the loss effective length (analysis.lengthgen)",
@@ -173,11 +173,25 @@ def plan_problems(plan: Plan) -> list[str]:
         if not _known_metric(q.metric, reported):
             problems.append(f"{where}.metric={q.metric!r}: the cells will not report it; choose one of {reported}, "
                             f"or a derived family: {', '.join(DERIVED_METRICS)}")
-    seen: dict[tuple, int] = {}
+    return problems + duplicate_questions(questions)
+
+
+def duplicate_questions(questions: Sequence[Any]) -> list[str]:
+    """A problem for each question that repeats an earlier one, as it is or reversed (B − A after A − B: the same
+    comparison with its sign flipped, which Holm would count twice)."""
+    seen: dict[tuple, tuple[int, Any]] = {}
+    found = []
     for i, q in enumerate(questions):
-        if (first := seen.setdefault((q.variant, q.reference, q.metric), i)) != i:
-            problems.append(f"questions[{i}]: repeats questions[{first}] ({question_text(q)}); list each once")
-    return problems
+        key = (frozenset((q.variant, q.reference)), q.metric)
+        if key in seen:
+            first, earlier = seen[key]
+            how = "reverses" if (earlier.variant, earlier.reference) != (q.variant, q.reference) else "repeats"
+            found.append(f"questions[{i}]: {how} questions[{first}] ({question_text(q)} after "
+                         f"{question_text(earlier)}): one comparison, which the family would count twice; list it "
+                         "once")
+        else:
+            seen[key] = (i, q)
+    return found
 
 
 def _spread(values: pd.DataFrame, q: Any) -> tuple[float, float, int]:

@@ -7,7 +7,13 @@
   plus what the report reads from run files, per trained cell: `efflen_*` (effective lengths, from the loss by
   position and the task accuracies) and `passkey_n` (prompts behind `passkey_acc`).
 - `comparisons.csv`: the report's comparison table (`analysis.comparisons.COLUMNS`).
-- `study.json`: the study's name, axes, seed axes, declared questions and the column types of cells.csv.
+- `study.json`: the study's name, axes, seed axes, declared questions, the column types of cells.csv, and its row
+  count and sha256, so a cut or edited cells.csv is refused.
+
+Every read of a shipped folder checks study.json against its schema, cells.csv against what study.json records
+(whole, the same columns, the same study, types that keep every value, no infinite metric, each cell once), and
+names the file, the field or cell and the fix when something does not hold: a silent wrong number is worse than a
+refusal.
 
 `rebuild(folder)` (`hdrope report --from-results FOLDER`) gives the study's report tables and verdicts from these
 files alone: no run directories, no MLflow, no Ray. `drift(folder)` says where comparisons.csv and what cells.csv
@@ -16,8 +22,12 @@ gives disagree.
 
 from __future__ import annotations
 
+import csv
+import hashlib
+import io
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,7 +40,8 @@ from analysis.comparisons import COLUMNS
 from analysis.variants import trained
 from hdrope.errors import UserError
 
-__all__ = ["CELLS_FILE", "COMPARISONS_FILE", "STUDY_FILE", "Study", "drift", "load_study", "rebuild", "ship"]
+__all__ = ["CELLS_FILE", "COMPARISONS_FILE", "STUDY_FILE", "Study", "drift", "load_study", "rebuild",
+           "refuse_overwrite", "ship"]
 
 CELLS_FILE, COMPARISONS_FILE, STUDY_FILE = "cells.csv", "comparisons.csv", "study.json"
 _DROPPED = ("run_dir",)  # where the cell ran: meaningless outside the machine that ran it
@@ -65,8 +76,22 @@ def _run_file_columns(sweep_dir: Path) -> pd.DataFrame:
     return out if out["passkey_n"].notna().any() else out.drop(columns="passkey_n")
 
 
-def ship(sweep_dir: str | Path, folder: str | Path) -> list[Path]:
-    """Write a finished sweep's cells.csv, comparisons.csv and study.json into folder; returns the files."""
+def refuse_overwrite(out: str | Path, folder: str | Path) -> Path:
+    """`out` as a path the report may be written to: UserError when it is one of the shipped folder's own files (or
+    the folder), or its directory does not exist."""
+    out, folder = Path(out), Path(folder)
+    inputs = {folder.resolve(), *((folder / f).resolve() for f in (CELLS_FILE, COMPARISONS_FILE, STUDY_FILE))}
+    if out.resolve() in inputs:
+        raise UserError(f"--out {out}: that is {'the folder' if out.resolve() == folder.resolve() else 'a file'} the "
+                        f"report is rebuilt from ({folder}); write the report elsewhere, e.g. --out report.md")
+    if not out.parent.is_dir():
+        raise UserError(f"--out {out}: the directory {out.parent} does not exist; create it or give another path")
+    return out
+
+
+def ship(sweep_dir: str | Path, folder: str | Path, force: bool = False) -> list[Path]:
+    """Write a finished sweep's cells.csv, comparisons.csv and study.json into folder; returns the files. A folder
+    that holds another study's shipped results is refused unless `force`."""
     from analysis.load import find_sweep_dir, load_results
     from analysis.report import report_tables
     from sweeps.plan_file import PLAN_FILE, load_plan
@@ -74,22 +99,41 @@ def ship(sweep_dir: str | Path, folder: str | Path) -> list[Path]:
     sweep_dir, folder = find_sweep_dir(sweep_dir), Path(folder)
     results = load_results(sweep_dir)
     plan = load_plan(sweep_dir) if (sweep_dir / PLAN_FILE).is_file() else None
+    name = plan.spec.name if plan else sweep_dir.name
+    held = _held_study(folder)
+    if held is not None and held != name and not force:
+        raise UserError(f"--ship {folder}: the folder holds the shipped results of study {held!r}, not {name!r}; "
+                        f"ship {name} into a folder of its own (e.g. experiments/results/{name}), or pass --force to "
+                        "replace them")
     questions = [dict(variant=q.variant, reference=q.reference, metric=q.metric)
                  for q in (plan.spec.questions if plan else [])]
     extra = _run_file_columns(sweep_dir)
     table = results.drop(columns=[c for c in _DROPPED if c in results]).merge(extra, on="cell_id", how="left")
     table.attrs = dict(results.attrs)
-    study = {"name": plan.spec.name if plan else sweep_dir.name, "axes": results.attrs.get("axes", []),
+    text = _csv(table)
+    study = {"name": name, "axes": results.attrs.get("axes", []),
              "seed_axes": results.attrs.get("seed_axes", []), "questions": questions,
-             "columns": {c: str(t) for c, t in table.dtypes.items()}}
-    back = _read_cells(_csv(table), study)  # what a reader will get: the report is computed from exactly that
+             "columns": {c: str(t) for c, t in table.dtypes.items()}, "rows": len(table),
+             "cells_sha256": hashlib.sha256(text.encode()).hexdigest()}
+    back = _read_cells(text, study, folder)  # what a reader will get: the report is computed from exactly that
     _, tests = report_tables(back, trained(back), _questions(questions))
     folder.mkdir(parents=True, exist_ok=True)
     written = [folder / CELLS_FILE, folder / COMPARISONS_FILE, folder / STUDY_FILE]
-    written[0].write_text(_csv(table))
+    written[0].write_text(text)
     written[1].write_text(_comparisons_csv(tests))
     written[2].write_text(json.dumps(study, indent=1) + "\n")
     return written
+
+
+def _held_study(folder: Path) -> str | None:
+    """The name of the study whose shipped files are in folder (None when it holds none of them)."""
+    if not any((folder / f).exists() for f in (CELLS_FILE, COMPARISONS_FILE, STUDY_FILE)):
+        return None
+    try:
+        name = json.loads((folder / STUDY_FILE).read_text()).get("name")
+    except (OSError, ValueError, AttributeError):  # a folder of shipped files whose study.json is gone or damaged
+        return "(unreadable study.json)"
+    return str(name)
 
 
 def _csv(table: pd.DataFrame) -> str:
@@ -106,15 +150,81 @@ def _questions(raw: list[dict]) -> list[Any]:
     return [SimpleNamespace(variant=q["variant"], reference=q["reference"], metric=q["metric"]) for q in raw]
 
 
-def _read_cells(text: str, study: dict) -> pd.DataFrame:
-    """cells.csv as the results table it was written from: each column's type restored, empty text as missing."""
-    from io import StringIO
+_TYPES = {"str", "object", "string", "int64", "float64", "bool"}  # what study.json may type a column as
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
+
+def _study_problem(study: Any) -> str | None:
+    """What is wrong with a study.json's content, naming the field (None when it is one)."""
+    if not isinstance(study, dict):
+        return f"holds a {type(study).__name__}, not a mapping of name, axes, seed_axes, questions and columns"
+    if not isinstance(study.get("name"), str) or not study.get("name"):
+        return f"field 'name' is {study.get('name')!r}, not the study's name"
+    for key in ("axes", "seed_axes"):
+        value = study.get(key)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            return f"field {key!r} is {value!r}, not a list of column names"
+    questions = study.get("questions")
+    if not isinstance(questions, list):
+        return f"field 'questions' is {questions!r}, not a list (an empty one when the study declared none)"
+    for i, q in enumerate(questions):
+        if not isinstance(q, dict) or set(q) != {"variant", "reference", "metric"} or not all(
+                isinstance(v, str) and v for v in q.values()):
+            return f"questions[{i}] is {q!r}, not a mapping of variant, reference and metric"
+    from analysis.questions import duplicate_questions
+
+    repeated = duplicate_questions(_questions(questions))
+    if repeated:
+        return repeated[0]
+    columns = study.get("columns")
+    if not isinstance(columns, dict) or not all(isinstance(k, str) and v in _TYPES for k, v in columns.items()):
+        return f"field 'columns' is not a mapping of column name to one of {sorted(_TYPES)}"
+    if "rows" in study and (isinstance(study["rows"], bool) or not isinstance(study["rows"], int) or study["rows"] < 0):
+        return f"field 'rows' is {study['rows']!r}, not a count of cells"
+    digest = study.get("cells_sha256", "0" * 64)
+    if not (isinstance(digest, str) and _SHA256.match(digest)):
+        return f"field 'cells_sha256' is {digest!r}, not a sha256 in hex"
+    return None
+
+
+def _cells_problem(text: str, study: dict) -> str | None:
+    """What is wrong with cells.csv's text against its study.json: cut or changed since shipping (its recorded
+    sha256 and row count), or a row without every column (a file cut inside its last row)."""
+    rows = list(csv.reader(io.StringIO(text)))
+    header, body = (rows[0], rows[1:]) if rows else ([], [])
+    missing = [c for c in study["columns"] if c not in header]
+    extra = [c for c in header if c not in study["columns"]]
+    if missing or extra:
+        return (f"its columns are not the ones study.json lists (missing {missing[:4]}, not listed {extra[:4]}): the "
+                "two files are not one study's")
+    if "cells_sha256" in study and hashlib.sha256(text.encode()).hexdigest() != study["cells_sha256"]:
+        return "does not match the sha256 study.json records (cut or edited since it was shipped)"
+    if text and not text.endswith("\n"):
+        return "does not end its last row with a newline, as every shipped cells.csv does (the file is cut)"
+    short = next((i for i, r in enumerate(body) if len(r) != len(header)), None)
+    if short is not None:
+        return f"row {short + 2} has {len(body[short])} fields, not the header's {len(header)} (the file is cut)"
+    if "rows" in study and len(body) != study["rows"]:
+        return f"has {len(body)} rows, not the {study['rows']} study.json records (cut or edited since it was shipped)"
+    return None
+
+
+def _read_cells(text: str, study: dict, folder: Path | str = "") -> pd.DataFrame:
+    """cells.csv as the results table it was written from: each column's type restored, empty text as missing;
+    UserError naming the column and cell when a type would change a value."""
     types = study["columns"]
     strings = [c for c, t in types.items() if t in ("object", "string", "str")]
-    df = pd.read_csv(StringIO(text), dtype={c: str for c in strings}, keep_default_na=False, na_values=[""])
+    df = pd.read_csv(io.StringIO(text), dtype={c: str for c in strings}, keep_default_na=False, na_values=[""])
+    where = f"{Path(folder) / CELLS_FILE}"
     for c, t in types.items():
         if c in df and c not in strings:
+            if t == "int64":
+                as_float = pd.to_numeric(df[c], errors="coerce")
+                bad = df[c].notna() & (as_float.isna() | (as_float != as_float.round()) | ~np.isfinite(as_float))
+                if bad.any():
+                    raise UserError(f"{where}: study.json types column {c!r} as int64, but cell "
+                                    f"{_cell(df, bad)} holds {df.loc[bad, c].iloc[0]!r}, which that type would change; "
+                                    "ship the study again (`hdrope report NAME --ship FOLDER`) or restore study.json")
             df[c] = df[c].astype(t)
     for c in strings:
         if c in df:
@@ -123,21 +233,52 @@ def _read_cells(text: str, study: dict) -> pd.DataFrame:
     return df
 
 
+def _cell(df: pd.DataFrame, rows: pd.Series) -> str:
+    return str(df.loc[rows, "cell_id"].iloc[0]) if "cell_id" in df else f"row {int(rows.idxmax()) + 2}"
+
+
+def _results_problem(results: pd.DataFrame, study: dict) -> str | None:
+    """What is wrong with the cells read back: another study's, a cell twice, an infinite metric."""
+    if "sweep" in results and results["sweep"].notna().any():
+        names = sorted(set(results["sweep"].dropna()))
+        if names != [study["name"]]:
+            return f"holds the cells of {names}, but study.json is study {study['name']!r}: not one study's files"
+    if "cell_id" in results and results["cell_id"].duplicated().any():
+        return f"holds cell {results.loc[results['cell_id'].duplicated(), 'cell_id'].iloc[0]!r} twice"
+    for c in results.select_dtypes(include="number"):
+        inf = np.isinf(results[c])
+        if inf.any():
+            value = results.loc[inf, c].iloc[0]
+            return f"cell {_cell(results, inf)} has {c} = {value}: an infinite value, not a result"
+    return None
+
+
 def load_study(folder: str | Path) -> Study:
-    """A shipped study's files read back; UserError naming the folder and what is missing or damaged."""
+    """A shipped study's files read back; UserError naming the folder, the file and what is missing or damaged."""
     folder = Path(folder)
     missing = [f for f in (CELLS_FILE, COMPARISONS_FILE, STUDY_FILE) if not (folder / f).is_file()]
     if missing:
         raise UserError(f"{folder}: not a shipped study (missing {', '.join(missing)}); write one with "
                         "`hdrope report NAME --ship FOLDER`")
+    fix = "ship it again with `hdrope report NAME --ship FOLDER`"
     try:
         study = json.loads((folder / STUDY_FILE).read_text())
-        results = _read_cells((folder / CELLS_FILE).read_text(), study)
+    except ValueError as err:
+        raise UserError(f"{folder / STUDY_FILE}: not readable JSON ({err}); {fix}") from None
+    if (problem := _study_problem(study)) is not None:
+        raise UserError(f"{folder / STUDY_FILE}: {problem}; {fix}")
+    text = (folder / CELLS_FILE).read_text()
+    if (problem := _cells_problem(text, study)) is not None:
+        raise UserError(f"{folder / CELLS_FILE}: {problem}; {fix}")
+    try:
+        results = _read_cells(text, study, folder)
         comparisons = pd.read_csv(folder / COMPARISONS_FILE) if (folder / COMPARISONS_FILE).stat().st_size else None
-    except (ValueError, KeyError, TypeError) as err:  # json/pandas parse errors, a study.json without its keys
-        raise UserError(f"{folder}: a shipped file is damaged ({type(err).__name__}: {str(err)[:120]}); write it "
-                        "again with `hdrope report NAME --ship FOLDER`") from None
-    return Study(study["name"], folder, results, _questions(study.get("questions", [])), comparisons)
+    except (ValueError, KeyError, TypeError) as err:  # pandas' parse errors and a type it cannot convert to
+        why = f"{type(err).__name__}: {str(err)[:120]}"
+        raise UserError(f"{folder}: a shipped file is damaged ({why}); {fix}") from None
+    if (problem := _results_problem(results, study)) is not None:
+        raise UserError(f"{folder / CELLS_FILE}: {problem}; {fix}")
+    return Study(study["name"], folder, results, _questions(study["questions"]), comparisons)
 
 
 def study_tests(study: Study) -> list[pd.DataFrame]:
@@ -150,6 +291,7 @@ def study_tests(study: Study) -> list[pd.DataFrame]:
 def rebuild(folder: str | Path) -> str:
     """The study's report (outcome and length tables, declared and exploratory comparisons, verdicts) as Markdown,
     from its shipped files alone."""
+    from analysis.machines import machine_lines
     from analysis.report import report_tables, verdict_markdown
 
     study = load_study(folder)
@@ -161,7 +303,7 @@ def rebuild(folder: str | Path) -> str:
           f"Rebuilt from the shipped results in {folder} ({CELLS_FILE}: {len(study.results)} cells, {len(cells)} "
           f"trained; no run directories). {len(variants)} variants: {', '.join(variants)}. Averaged over: "
           f"{', '.join(study.results.attrs['seed_axes']) or 'nothing (no seed axis)'}; the seed is the unit of "
-          "every interval and test.", ""]
+          "every interval and test.", "", *machine_lines(cells), ""]
     tables, tests = report_tables(study.results, cells, study.questions)
     return "\n".join([*md, *tables, *verdict_markdown(tests)])
 

@@ -15,7 +15,8 @@ from typing import NoReturn
 
 from hdrope.errors import UserError, one_line
 
-__all__ = ["BENCHES", "COMMANDS", "PLAN_CHECKS", "cli", "main", "plan_problems", "run_command"]
+__all__ = ["BENCHES", "COMMANDS", "EXIT_INTERRUPTED", "EXIT_UNWRITTEN", "PLAN_CHECKS", "cli", "flush_streams", "main",
+           "plan_problems", "run_command"]
 
 # name -> (target, one-line help). Each package registers its own entries here by string only.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -93,13 +94,63 @@ def bench_main(argv: list[str]) -> int:
     return _dispatch(BENCHES, argv, "hdrope bench")
 
 
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
+EXIT_UNWRITTEN = 120  # what Python exits with when it cannot flush its output at exit
+
+
+class _Unwritable(Exception):
+    """The command's output could not be written to stdout (a full disk, an I/O error)."""
+
+
+class _Output:
+    """stdout as the command sees it: a failure to write it (other than a reader that went away) becomes
+    `_Unwritable`, so the console reports it in one line instead of a command's traceback."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            raise _Unwritable(err) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            raise _Unwritable(err) from None
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `hdrope` console script."""
+    for name in ("stdout", "stderr"):  # a stream the caller closed (`hdrope bases >&-`): its output is discarded
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))  # the process's own stream, open until it exits
+    stdout = sys.stdout
+    sys.stdout = _Output(stdout)
     try:
         return _dispatch(COMMANDS, list(sys.argv[1:] if argv is None else argv), "hdrope")
     except BrokenPipeError:  # the reader went away (`hdrope bases | head`): stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())
         return 0
+    except _Unwritable as err:
+        sys.stderr.write(f"hdrope: could not write the output: {err.args[0]}\n")
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())  # what is still buffered goes nowhere
+        return EXIT_UNWRITTEN
+    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's exit code, no traceback
+        sys.stderr.write("hdrope: interrupted\n")
+        return EXIT_INTERRUPTED
+    finally:
+        if isinstance(sys.stdout, _Output):
+            sys.stdout = stdout
 
 
 def _exit_without_teardown(code: int) -> NoReturn:
@@ -114,12 +165,30 @@ def _exit_without_teardown(code: int) -> NoReturn:
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
+    os._exit(flush_streams(code))
+
+
+def flush_streams(code: int) -> int:
+    """Flush stdout and stderr; the exit code: `code`, or EXIT_UNWRITTEN with one line on stderr when stdout's
+    output could not be written (`hdrope bases > /dev/full`). A reader that went away (a broken pipe) or a closed
+    stream loses nothing it asked for."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        pass
+    except OSError as err:  # ENOSPC, EIO: the output is lost, and the exit code says so
         try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed or vanished reader: nothing left to deliver
+            sys.stderr.write(f"hdrope: could not write the output: {err}\n")
+        except OSError:
             pass
-    os._exit(code)
+        code = code or EXIT_UNWRITTEN
+    except ValueError:  # a stream closed by the command itself
+        pass
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    return code
 
 
 def cli() -> int:

@@ -16,7 +16,7 @@ from torch import nn
 from trainer.model.encodings import alibi, fire, kerple
 from trainer.model.encodings.base import EncodingShape, PositionModule
 from trainer.model.encodings.bias import generator, int_problem
-from trainer.model.encodings.kind import EncodingKind, identity_row
+from trainer.model.encodings.kind import EncodingKind, LengthField, identity_row
 
 # the base biases DAPE is defined over: the kinds whose score bias it reads, by `model.pe.base`
 BASES = {"alibi": alibi.KIND, "kerple": kerple.KIND, "fire": fire.KIND}
@@ -36,11 +36,13 @@ class DAPEConfig:
 
 
 def base_config(pe: DAPEConfig) -> Any:
-    """The base bias's own config: its kind's defaults, per layer where it can be shared, seeded by pe.seed."""
+    """The base bias's own config: its kind's defaults, per layer where it can be shared, seeded by pe.seed, and, as
+    the official code's FIRE base (`FIRE_C`, `FIRE_DAPE`), with a LeakyReLU in FIRE's MLP."""
     entry = BASES[pe.base]
     cfg = entry.config(kind=entry.name)
     fields = {f.name for f in dataclasses.fields(cfg)}
-    changes = {k: v for k, v in (("shared", False), ("seed", int(pe.seed))) if k in fields}
+    changes = {k: v for k, v in (("shared", False), ("seed", int(pe.seed)), ("activation", "leaky_relu"))
+               if k in fields}
     return dataclasses.replace(cfg, **changes)
 
 
@@ -100,12 +102,25 @@ def _params(pe: DAPEConfig, s: EncodingShape) -> int:
 
 NO_EXPORT = "its MLP reads the attention logits of every head, which HF Llama's attention cannot express"
 
+
+def _base_length(field: LengthField, base: str) -> LengthField:
+    """A length field of base kind `base` as DAPE's own: set when DAPE's base is that kind, at the base's default."""
+    default = field.value(base_config(DAPEConfig(base=base)), EncodingShape(1, 1, 1, 1, 1))
+    return LengthField(f"base={base}: {field.key}", f"{LABELS[base]}, DAPE's base: {field.meaning}",
+                       lambda pe, s: field.value(base_config(pe), s) if pe.base == base else None,
+                       f"DAPE builds its {LABELS[base]} base at that kind's defaults ({field.key}={default:g}), so "
+                       "evaluate past it (a larger eval.extrapolation), train longer, or choose another model.pe.base")
+
+
+# DAPE inherits the length fields of its bases (FIRE's threshold), each in force when that base is chosen
+LENGTHS = tuple(_base_length(f, name) for name, kind in BASES.items() for f in kind.lengths)
+
 KIND = EncodingKind(
     "dape", DAPEConfig, DAPE,
     lambda pe: identity_row("dape", f"DAPE-{LABELS.get(pe.base, pe.base)}", 0, "none", None, None),
     identity_keys=("base",), is_rope=lambda row: False, no_export=NO_EXPORT,
     translation_invariant=lambda pe: BASES[pe.base].invariant(base_config(pe)),
-    problems=_problems, tables=False, cost_keys=("base", "mlp_width"), params=_params,
+    problems=_problems, tables=False, cost_keys=("base", "mlp_width"), params=_params, lengths=LENGTHS,
     # the MLP on each of a token's max_seq_len query-key pairs, every layer: 2·(2H·w + w·H) FLOPs forward, three
     # times that with the backward (per token of a sequence, for a batch of one sequence)
     flops=lambda c, s: 6.0 * 3 * s.n_heads * c.mlp_width * s.max_seq_len * s.n_layers)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -21,8 +21,10 @@ from trainer.model.encodings.bias import (
     table_count,
 )
 from trainer.model.encodings.kind import EncodingKind, LengthField
+from trainer.new_setting import NEW_SETTING
 
 EPS = 1e-6  # added to the normaliser (the paper's code)
+ACTIVATIONS = {"relu": F.relu, "leaky_relu": F.leaky_relu}  # leaky_relu: torch's default negative slope, 0.01
 
 
 @dataclass
@@ -37,6 +39,9 @@ class FireConfig:
     init_threshold: float = 512.0
     shared: bool = False
     seed: int = 0  # seed of the MLP's init (torch's nn.Linear default: U(±1/√fan_in))
+    # the MLP's activation, a key of ACTIVATIONS: FIRE's paper and code use a ReLU, DAPE's official FIRE base a
+    # LeakyReLU (`FIRE_C`, `FIRE_DAPE`), which `dape` sets for its base
+    activation: str = field(default="relu", metadata=NEW_SETTING)
 
 
 class Fire(LayerBias):
@@ -46,8 +51,9 @@ class Fire(LayerBias):
     query's absolute position, so FIRE is not translation-invariant."""
 
     def __init__(self, width: int, init_c: float, init_threshold: float, shared: bool, seed: int,
-                 shape: EncodingShape) -> None:
+                 shape: EncodingShape, activation: str = "relu") -> None:
         super().__init__(shape.n_layers, shape.n_heads, shared)
+        self.activation = activation
         t, h, gen = self.tables_count, shape.n_heads, generator(seed)
 
         def uniform(*size: int, fan_in: int) -> nn.Parameter:
@@ -60,7 +66,7 @@ class Fire(LayerBias):
         self.register_buffer("init_threshold", torch.tensor(float(init_threshold)))
 
     def extra_repr(self) -> str:
-        return f"mlp_width={self.w1.shape[1]}, shared={self.shared}"
+        return f"mlp_width={self.w1.shape[1]}, shared={self.shared}, activation={self.activation}"
 
     def normalised(self, query: torch.Tensor, key: torch.Tensor, table: int) -> torch.Tensor:
         """ψ(i - j) / (ψ(max(i, L)) + ε) of broadcastable query and key positions, float32, in [0, 1] up to ε for
@@ -73,7 +79,7 @@ class Fire(LayerBias):
     def bias(self, query, key, layer):  # the MLP as two matmuls over a tile's pairs, every head at once
         t = self.table(layer)
         x = self.normalised(query[:, 0], key[:, 0], t).unsqueeze(-1)  # (batch or 1, q, k, 1)
-        hidden = F.relu(F.linear(x, self.w1[t].float(), self.b1[t].float()))
+        hidden = ACTIVATIONS[self.activation](F.linear(x, self.w1[t].float(), self.b1[t].float()))
         return F.linear(hidden, self.w2[t].float(), self.b2[t].float()).permute(0, 3, 1, 2)
 
     def head_bias(self, head, query, key, layer):  # one head at a time: the MLP's hidden units one by one
@@ -82,13 +88,15 @@ class Fire(LayerBias):
         w1, b1, w2 = self.w1[t, :, 0].float(), self.b1[t].float(), self.w2[t][head].float()
         out = self.b2[t][head].float()
         for unit in range(w1.shape[0]):
-            out = out + w2[..., unit] * F.relu(w1[unit] * x + b1[unit])
+            out = out + w2[..., unit] * ACTIVATIONS[self.activation](w1[unit] * x + b1[unit])
         return out
 
 
 def _problems(pe: FireConfig, s: EncodingShape) -> list[str]:
     found = [int_problem(pe.mlp_width, "mlp_width", 1, 32), positive_problem(pe.init_c, "init_c", 0.1),
              positive_problem(pe.init_threshold, "init_threshold", 512.0)]
+    if pe.activation not in ACTIVATIONS:
+        found.append(f"model.pe.activation={pe.activation!r}: choose one of {', '.join(ACTIVATIONS)}")
     return [p for p in found if p]
 
 
@@ -105,7 +113,7 @@ def _mlp_params(width: int, heads: int) -> int:
 
 
 KIND = EncodingKind(
-    "fire", FireConfig, lambda c, s: Fire(c.mlp_width, c.init_c, c.init_threshold, c.shared, c.seed, s),
+    "fire", FireConfig, lambda c, s: Fire(c.mlp_width, c.init_c, c.init_threshold, c.shared, c.seed, s, c.activation),
     lambda pe: bias_identity("fire", "FIRE", pe, default_shared=False),
     identity_keys=("shared",), is_rope=lambda row: False, no_export=NO_BIAS_EXPORT, translation_invariant=False,
     problems=_problems, tables=False, cost_keys=("mlp_width",), lengths=(THRESHOLD,),

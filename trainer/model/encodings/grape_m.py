@@ -53,9 +53,28 @@ class GrapeM(PositionModule):
         return rotate_pairs(q, cos, -sin), rotate_pairs(k, cos, -sin)
 
 
+SPECTRUM_TOLERANCE = 1e-5  # relative: the initial frequencies, read back from their float32 parameter, are RoPE's
+
+
+def spectrum_error(theta: float, head_dim: int, scale: float) -> float:
+    """The largest relative error of the initial frequencies as the module reads them back from their stored
+    float32 parameter (scale · log f): 0 up to float32 rounding, 1 where a frequency overflows to 0."""
+    want = rope_freqs(theta, head_dim // 2)
+    stored = (want.log() * scale).float()
+    got = torch.exp(stored.double() / scale)
+    return float(((got - want).abs() / want).max())
+
+
 def _problems(pe: GrapeMConfig, s: EncodingShape) -> list[str]:
     found = problems_of("grape_m", lambda: check_theta(pe.theta))
-    return found + [p for p in [positive_problem(pe.log_freq_scale, "log_freq_scale", 16.0)] if p]
+    found += [p for p in [positive_problem(pe.log_freq_scale, "log_freq_scale", 16.0)] if p]
+    if not found:
+        err = spectrum_error(pe.theta, s.head_dim, pe.log_freq_scale)
+        if not err <= SPECTRUM_TOLERANCE:
+            found.append(f"model.pe.log_freq_scale={pe.log_freq_scale!r}: its float32 log-frequencies give back RoPE's "
+                         f"initial spectrum only to {err:.2g} relative (over {SPECTRUM_TOLERANCE:g}: overflow or lost "
+                         "precision), so the kind is not RoPE at init; use a scale such as the official 16")
+    return found
 
 
 KIND = EncodingKind(

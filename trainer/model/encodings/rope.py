@@ -6,7 +6,13 @@ from hdrope import HDRotary
 from hdrope.rotary import check_rotary
 from trainer.model.encodings.base import EncodingShape, PositionModule
 from trainer.model.encodings.kind import EncodingKind, identity_row, ladder_frequencies, problems_of, scaling_text
-from trainer.model.encodings.rotary import SCALING_LENGTH, HDRotaryEncoding, PEConfig, canonical_rope
+from trainer.model.encodings.rotary import (
+    SCALING_LENGTH,
+    HDRotaryEncoding,
+    PEConfig,
+    canonical_rope,
+    ignored_field_problems,
+)
 
 
 def _rotary(cfg: PEConfig, s: EncodingShape, fused: bool | None = None) -> HDRotary:
@@ -20,8 +26,8 @@ def _build(cfg: PEConfig, s: EncodingShape) -> PositionModule:
 
 
 def _problems(cfg: PEConfig, s: EncodingShape) -> list[str]:
-    return problems_of("rope", lambda: check_rotary(s.head_dim, 2, cfg.theta, "identity", 0, cfg.scaling,
-                                                    s.max_seq_len))
+    return ignored_field_problems(cfg, "rope", ("basis", "rotation_dim")) + problems_of(
+        "rope", lambda: check_rotary(s.head_dim, 2, cfg.theta, "identity", 0, cfg.scaling, s.max_seq_len))
 
 
 KIND = EncodingKind(

@@ -131,6 +131,22 @@ def fraction_dedup(pe: Any) -> Any:
     return canonical_rope(pe) if float(pe.fraction) == 1.0 else pe
 
 
+def ignored_field_problems(pe: PEConfig, kind: str, ignored: tuple[str, ...]) -> list[str]:
+    """A problem for each field of PEConfig that `kind` ignores (`ignored`) but whose value no kind could take: a
+    typo there (model.pe.basis=paleyy on a RoPE cell) is refused, while a value a sweep shares with its HD-RoPE
+    cells (basis=paley) is not."""
+    from hdrope.bases import BASIS_KINDS
+
+    found = []
+    note = f"model.pe.kind={kind} ignores it, but a value no kind takes is a typo"
+    if "basis" in ignored and pe.basis not in (*BASIS_KINDS, "none"):
+        found.append(f"model.pe.basis={pe.basis!r}: not a basis ({note}); choose one of {', '.join(BASIS_KINDS)}")
+    n = pe.rotation_dim
+    if "rotation_dim" in ignored and (isinstance(n, bool) or not isinstance(n, int) or n < 0 or n % 2):
+        found.append(f"model.pe.rotation_dim={n!r}: not an even integer >= 0 ({note}); e.g. 4")
+    return found
+
+
 def check_theta(theta: float) -> float:
     """theta as a float; UserError naming model.pe.theta unless it is a finite number > 1."""
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta) or theta <= 1:

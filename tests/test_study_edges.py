@@ -1,0 +1,235 @@
+"""The study surfaces under hostile input (issue 47): shipped results, declared questions, the console's exits, the
+kinds' own fields. Each case lost data, gave a silent wrong number, or a traceback where a message belongs; each
+test here failed before its fix."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from analysis.shipped import CELLS_FILE, STUDY_FILE, load_study, rebuild
+from hdrope.errors import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = REPO / "experiments" / "results"
+
+
+def _copy(study: str, to: Path, keep_digest: bool = False) -> Path:
+    """A shipped study copied to `to`; without its recorded row count and sha256 unless keep_digest (an older
+    study.json), so the checks behind them are what a damaged file meets."""
+    shutil.copytree(SHIPPED / study, to)
+    if not keep_digest:
+        study_json = json.loads((to / STUDY_FILE).read_text())
+        for key in ("rows", "cells_sha256"):
+            study_json.pop(key)
+        (to / STUDY_FILE).write_text(json.dumps(study_json))
+    return to
+
+
+# --- lost data -----------------------------------------------------------------------------------------------------
+
+def test_a_rebuilt_report_is_never_written_over_its_own_inputs(hdrope_here, tmp_path):
+    folder = _copy("quickstart", tmp_path / "q", keep_digest=True)
+    before = (folder / CELLS_FILE).read_bytes()
+    for out in (folder / CELLS_FILE, folder / STUDY_FILE, folder):
+        done = hdrope_here(["report", "--from-results", str(folder), "--out", str(out)])
+        assert done.returncode == 2 and "the report is rebuilt from" in done.stderr, done.stderr
+    assert (folder / CELLS_FILE).read_bytes() == before
+    done = hdrope_here(["report", "--from-results", str(folder), "--out", str(tmp_path / "nowhere" / "r.md")])
+    assert done.returncode == 2 and "the directory" in done.stderr and "does not exist" in done.stderr
+
+
+def test_the_console_says_when_its_output_cannot_be_written_and_survives_a_closed_stdout():
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "sweeps.console", "bases"], cwd=REPO, stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    assert done.returncode == 120 and done.stderr.strip().count("\n") == 0
+    assert "could not write the output" in done.stderr and "Traceback" not in done.stderr
+    closed = subprocess.run([sys.executable, "-c", "import os, sys, runpy; os.close(1); sys.stdout = None; "
+                             "sys.argv = ['hdrope', 'bases']; runpy.run_module('sweeps.console', run_name='__main__')"],
+                            cwd=REPO, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert closed.returncode == 0 and "Traceback" not in closed.stderr, closed.stderr
+
+
+def test_ctrl_c_while_planning_exits_130_with_one_line():
+    proc = subprocess.Popen([sys.executable, "-m", "sweeps.console", "sweep", "plan",
+                             "experiments/tables/frontier_compact.yaml"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(4.0)  # imports done, planning 220 cells
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err and "interrupted" in err
+
+
+# --- silent wrong numbers -------------------------------------------------------------------------------------------
+
+def test_a_cut_or_edited_cells_file_is_refused(tmp_path):
+    folder = _copy("frontier_fox_compact", tmp_path / "digest", keep_digest=True)
+    text = (folder / CELLS_FILE).read_text()
+    (folder / CELLS_FILE).write_text(text[:-40])  # cut inside its last row
+    with pytest.raises(UserError, match=r"does not match the sha256 study\.json records"):
+        load_study(folder)
+    older = _copy("frontier_fox_compact", tmp_path / "older")  # a study.json from before the digest
+    (older / CELLS_FILE).write_text(text[:-40])
+    with pytest.raises(UserError, match="does not end its last row with a newline"):
+        load_study(older)
+    last = text.rstrip("\n").rsplit("\n", 1)[1]
+    (older / CELLS_FILE).write_text(text[:len(text) - len(last) - 1] + last.rsplit(",", 5)[0] + "\n")  # fields lost
+    with pytest.raises(UserError, match=r"row 33 has \d+ fields, not the header's \d+ \(the file is cut\)"):
+        load_study(older)
+
+
+def test_a_type_that_would_change_values_is_refused(tmp_path):
+    folder = _copy("frontier_fox_compact", tmp_path / "f")
+    study = json.loads((folder / STUDY_FILE).read_text())
+    study["columns"]["hardacc_flipflop_dense_x1"] = "int64"
+    (folder / STUDY_FILE).write_text(json.dumps(study))
+    with pytest.raises(UserError, match=r"types column 'hardacc_flipflop_dense_x1' as int64, but cell \S+ holds"):
+        load_study(folder)
+
+
+def test_an_infinite_metric_and_a_repeated_cell_are_refused_naming_the_cell(tmp_path):
+    import pandas as pd
+
+    for case in ("inf", "twice"):
+        folder = _copy("frontier_fox_compact", tmp_path / case)
+        cells = pd.read_csv(folder / CELLS_FILE, dtype=str, keep_default_na=False)
+        if case == "inf":
+            cells.loc[3, "hardacc_flipflop_dense_x1"] = "inf"
+            message = rf"cell {cells.loc[3, 'cell_id']} has hardacc_flipflop_dense_x1 = inf"
+        else:
+            cells = pd.concat([cells, cells.iloc[[5]]], ignore_index=True)
+            message = rf"holds cell '{cells.loc[5, 'cell_id']}' twice"
+        cells.to_csv(folder / CELLS_FILE, index=False)
+        with pytest.raises(UserError, match=message):
+            load_study(folder)
+
+
+def test_a_declared_question_and_its_reverse_are_one_question(tmp_path):
+    from analysis.questions import duplicate_questions
+    from sweeps.spec import Question
+
+    found = duplicate_questions([Question("FoX", "RoPE", "m"), Question("RoPE", "FoX", "m"),
+                                 Question("FoX", "RoPE", "n")])
+    assert found == ["questions[1]: reverses questions[0] (RoPE − FoX on m after FoX − RoPE on m): one comparison, "
+                     "which the family would count twice; list it once"]
+    folder = _copy("frontier_fox_compact", tmp_path / "f")
+    study = json.loads((folder / STUDY_FILE).read_text())
+    study["questions"].append({"variant": "RoPE", "reference": "FoX", "metric": "hardacc_flipflop_dense_x1"})
+    (folder / STUDY_FILE).write_text(json.dumps(study))
+    with pytest.raises(UserError, match=r"questions\[1\]: reverses questions\[0\]"):
+        load_study(folder)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda s: {**s, "columns": list(s["columns"])}, "field 'columns' is not a mapping"),
+    (lambda s: {k: v for k, v in s.items() if k != "name"}, "field 'name' is None"),
+    (lambda s: {**s, "questions": None}, "field 'questions' is None, not a list"),
+    (lambda s: {**s, "questions": [{"variant": "FoX"}]}, r"questions\[0\] is .*not a mapping of variant"),
+    (lambda s: {**s, "rows": "many"}, "field 'rows' is 'many'"),
+])
+def test_a_study_json_off_its_schema_is_refused_naming_the_field(tmp_path, edit, message):
+    folder = _copy("frontier_fox_compact", tmp_path / "f")
+    study = json.loads((folder / STUDY_FILE).read_text())
+    (folder / STUDY_FILE).write_text(json.dumps(edit(study)))
+    with pytest.raises(UserError, match=message):
+        load_study(folder)
+
+
+def test_another_studys_files_beside_the_cells_are_refused(tmp_path):
+    folder = _copy("quickstart", tmp_path / "q")
+    shutil.copyfile(SHIPPED / "frontier_fox_compact" / STUDY_FILE, folder / STUDY_FILE)
+    with pytest.raises(UserError, match="not one study's"):
+        load_study(folder)
+    folder = _copy("quickstart", tmp_path / "q2")
+    study = json.loads((folder / STUDY_FILE).read_text())
+    study["columns"]["acc_mqar_x1"] = "float64"  # listed, not in cells.csv
+    (folder / STUDY_FILE).write_text(json.dumps(study))
+    with pytest.raises(UserError, match=r"missing \['acc_mqar_x1'\]"):
+        load_study(folder)
+
+
+def test_a_rebuilt_report_warns_when_a_comparison_mixes_machines(tmp_path):
+    import pandas as pd
+
+    folder = _copy("frontier_fox_compact", tmp_path / "f")
+    cells = pd.read_csv(folder / CELLS_FILE, dtype=str, keep_default_na=False)
+    fox = cells.index[cells["pe_kind"] == "fox"][:3]
+    cells.loc[fox, "cpu_capability"] = "AVX512"  # the study ran on AVX2
+    cells.to_csv(folder / CELLS_FILE, index=False)
+    text = rebuild(folder)
+    assert "**Warning**: the cells of FoX vs RoPE ran on different machines" in text
+    assert "**Warning**" not in rebuild(SHIPPED / "frontier_fox_compact")
+
+
+# --- the kinds' own fields ------------------------------------------------------------------------------------------
+
+def test_a_typo_in_a_field_rope_ignores_is_still_refused(tiny_cfg):
+    with pytest.raises(UserError, match=r"model\.pe\.basis='paleyy': not a basis \(model\.pe\.kind=rope ignores it"):
+        tiny_cfg("model.pe.kind=rope", "model.pe.basis=paleyy")
+    with pytest.raises(UserError, match=r"model\.pe\.rotation_dim=3: not an even integer"):
+        tiny_cfg("model.pe.kind=nope", "model.pe.rotation_dim=3")
+    assert tiny_cfg("model.pe.kind=rope", "model.pe.basis=paley").model.pe.basis == "paley"  # a sweep's shared axis
+
+
+@pytest.mark.parametrize("scale", ["1e38", "1e-44"])
+def test_grape_m_refuses_a_scale_whose_float32_spectrum_is_not_ropes(tiny_cfg, scale):
+    with pytest.raises(UserError, match=r"model\.pe\.log_freq_scale=.*not RoPE at init"):
+        tiny_cfg("model.pe.kind=grape_m", f"model.pe.log_freq_scale={scale}")
+    assert tiny_cfg("model.pe.kind=grape_m", "model.pe.log_freq_scale=1e6").model.pe.log_freq_scale == 1e6
+
+
+def test_dape_over_fire_inherits_fires_length_warning(tiny_cfg):
+    from sweeps.design_warnings import length_warnings
+
+    found = length_warnings(tiny_cfg("model.pe.kind=dape", "model.pe.base=fire"))
+    assert len(found) == 1 and "DAPE-FIRE: model.pe.base=fire: init_threshold=512 is at or beyond" in found[0]
+    assert length_warnings(tiny_cfg("model.pe.kind=dape")) == []  # KERPLE has no length
+
+
+def test_dapes_fire_base_takes_the_official_leaky_relu():
+    """The official FIRE_C / FIRE_DAPE re-typed: MLP(ψ(i−j)/ψ(max(i, L))) with a LeakyReLU (0.01), on the base's own
+    parameters; plain FIRE keeps its ReLU."""
+    from trainer.model.encodings.base import EncodingShape
+    from trainer.model.position import build_position_encoding, pe_config_class
+
+    shape = EncodingShape(8, 4, 2, 2, 32)
+    dape = build_position_encoding(pe_config_class("dape")(kind="dape", base="fire"), shape)
+    fire = dape.base
+    with torch.no_grad():
+        fire.b1.uniform_(-2, 2, generator=torch.Generator().manual_seed(0))  # negative pre-activations
+    i, j = torch.arange(20.0)[:, None], torch.arange(20.0)[None, :]
+    c, threshold = fire.c[1].abs(), (fire.multiplier[1] * fire.init_threshold).abs()
+    x = (torch.log1p(c * (i - j).clamp(min=0)) / (torch.log1p(c * torch.maximum(i, threshold)) + 1e-6))[..., None]
+    want = F.linear(F.leaky_relu(F.linear(x, fire.w1[1], fire.b1[1]), 0.01), fire.w2[1], fire.b2[1]).permute(2, 0, 1)
+    torch.testing.assert_close(fire.score_bias(torch.arange(20), 20, 1), want, atol=1e-6, rtol=1e-6)
+    plain = build_position_encoding(pe_config_class("fire")(kind="fire"), shape)
+    assert plain.activation == "relu"
+
+
+# --- where the docs and the code disagreed --------------------------------------------------------------------------
+
+def test_the_docs_say_which_stick_breaking_code_the_lab_follows():
+    text = " ".join((REPO / "docs" / "frontier-kinds.md").read_text().split())
+    assert "returns `o + rem · v`" not in text
+    assert "returns the pair (o, rem)" in text and "`tests/test_attn.py::ref_fwd`" in text and "GroupNorm" in text
+
+
+def test_the_tasks_package_says_where_its_registry_lives():
+    import importlib
+
+    import trainer.data.tasks as tasks
+
+    home = "trainer.data.tasks.registry"
+    assert home in " ".join(tasks.__doc__.split())
+    assert importlib.import_module(home).TASKS
