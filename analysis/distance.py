@@ -28,7 +28,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.stats import proportion_interval
-from trainer.evals.tasks_table import TASKS_FILE
+from hdrope.errors import UserError
+from trainer.evals.tasks_table import TASKS_FILE, read_tasks_table
 
 __all__ = ["BIN_EDGES", "DEFAULT_DISTANCE_RULE", "DistanceRule", "accuracy_by_distance", "bin_label",
            "distance_bins", "distance_effective_length", "distance_grid", "stability", "task_rows"]
@@ -140,7 +141,11 @@ def task_rows(cells: pd.DataFrame) -> pd.DataFrame:
     for idx, run_dir in cells["run_dir"].items() if "run_dir" in cells else []:
         path = Path(str(run_dir)) / TASKS_FILE
         if path.is_file():
-            t = pd.read_parquet(path)
+            try:
+                t = read_tasks_table(path)
+            except UserError as err:
+                cell = cells.at[idx, "cell_id"] if "cell_id" in cells else idx
+                raise UserError(f"cell {cell}: {err}") from None
             if "distance" in t:
                 frames.append(t[cols].assign(cell=idx))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*cols, "cell"])

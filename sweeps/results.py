@@ -68,6 +68,9 @@ def _row(name: str, cell_id: str, trained_dir: Path, cfg, dedup_of: str | None, 
     representative's)."""
     status, error, result = _status(trained_dir, trained_hash)
     metrics = result.get("metrics") or {}
+    machine, machine_error = _machine(trained_dir)
+    if machine_error is not None and status == "FINISHED":  # its numbers' machine is unknown: said, not guessed
+        status, error = "CORRUPT", machine_error
     if status == "FINISHED":
         try:
             metrics = {**metrics, **read_lm_eval(trained_dir)}  # downstream benchmarks (`hdrope eval lm-eval`)
@@ -78,17 +81,18 @@ def _row(name: str, cell_id: str, trained_dir: Path, cfg, dedup_of: str | None, 
         "sweep": name, "cell_id": cell_id, "trained_cell": trained_dir.name, "dedup_of": dedup_of,
         "status": status, "error": error, "config_hash": config_hash or result.get("config_hash"),
         **encoding_identity(cfg.model.pe), "seed": int(cfg.train.seed), "steps": int(cfg.train.steps),
-        "run_dir": str(trained_dir), **_machine(trained_dir),
+        "run_dir": str(trained_dir), **machine,
         **{m: float(v) for m, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
     }
 
 
-def _machine(run_dir: Path) -> dict[str, Any]:
-    """The machine columns of the run in run_dir (None where its run.json records no machine or is unreadable)."""
+def _machine(run_dir: Path) -> tuple[dict[str, Any], str | None]:
+    """The machine columns of the run in run_dir (None where its run.json records no machine), and what is wrong
+    with its run.json when it cannot be read (the cell's status says so)."""
     try:
-        return machine_row(read_machines(run_dir))
-    except UserError:  # a damaged run.json: the cell's status says what is wrong with the run
-        return machine_row([])
+        return machine_row(read_machines(run_dir)), None
+    except UserError as err:
+        return machine_row([]), str(err)
 
 
 def _run_config(path: Path) -> Any:

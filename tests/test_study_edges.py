@@ -233,3 +233,91 @@ def test_the_tasks_package_says_where_its_registry_lives():
     home = "trainer.data.tasks.registry"
     assert home in " ".join(tasks.__doc__.split())
     assert importlib.import_module(home).TASKS
+
+
+# --- stored files read through their schema ------------------------------------------------------------------------
+
+def _paired_position_loss(path: Path) -> None:
+    """A version-2 loss-by-position file with every paired column measured (a window's loss at full and at the
+    train length's context)."""
+    import numpy as np
+
+    from trainer.evals.position_loss import PositionLoss, write_position_loss
+
+    rng = np.random.default_rng(0)
+    full = {f: PositionLoss(np.full(16 * f, 2.0), np.full(16 * f, 4), 2.0 + 0.1 * rng.random((4, 16 * f)),
+                            np.full((4, 16 * f), 3.0)) for f in (1, 2)}
+    limited = {2: PositionLoss(np.full(32, 2.1), np.full(32, 4), 2.1 + 0.1 * rng.random((4, 32)))}
+    write_position_loss(full, 4, "linear", path, limited=limited, train_length=16)
+
+
+@pytest.mark.parametrize(("column", "damage", "said"), [
+    ("diff_se", lambda v: [None] * len(v), "but diff_se is empty"),  # read "censored" before
+    ("gain", lambda v: [str(x) for x in v], "column gain is stored as string"),  # ValueError before
+    ("windows", lambda v: [0] * len(v), "windows = 0 in"),
+])
+def test_a_damaged_paired_column_of_a_loss_by_position_file_is_refused(tmp_path, column, damage, said):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from trainer.evals.position_loss import read_position_loss
+
+    path = tmp_path / "position_loss.parquet"
+    _paired_position_loss(path)
+    table = read_position_loss(path)
+    assert table.column("diff").null_count < table.num_rows  # measured where the limited pass ran
+    at = table.column_names.index(column)
+    values = table.column(column).to_pylist()
+    if column == "diff_se":  # empty where the difference is measured
+        values = [None if d is not None else v for d, v in zip(table.column("diff").to_pylist(), values, strict=True)]
+    else:
+        values = damage(values)
+    pq.write_table(table.set_column(at, column, pa.array(values)), path)
+    with pytest.raises(UserError, match=said):
+        read_position_loss(path)
+
+
+@pytest.mark.parametrize(("damage", "said"), [
+    ("not parquet", "unreadable tasks table"),
+    ("trained_distance 0", "trained_distance = 0 in"),
+    ("no reach", r"missing columns \['reach'\]"),
+])
+def test_a_damaged_tasks_table_is_refused_naming_the_file_and_the_cell(tmp_path, damage, said):
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    from analysis.distance import task_rows
+    from trainer.evals.tasks_table import TASKS_FILE, TASKS_SCHEMA
+
+    run = tmp_path / "cells" / "c1"
+    run.mkdir(parents=True)
+    row = {"task": "copy", "length_factor": 1.0, "length": 60, "target_length": 64, "example": 0, "params": "{}",
+           "target": "ab", "generated": "ab", "correct": True, "token_acc": 1.0, "distance": 10,
+           "trained_distance": 40, "reach": 50, "floor": 0.1, "token_skill": 1.0, "run_name": "r", "config_hash": "h",
+           "pe_kind": "rope", "pe_label": "RoPE", "rotation_dim": 2, "basis": "identity", "basis_seed": None,
+           "theta": 1e4, "scaling": "none"}
+    table = pd.DataFrame([row])
+    if damage == "not parquet":
+        (run / TASKS_FILE).write_text("not a parquet file")
+    else:
+        if damage == "trained_distance 0":
+            table["trained_distance"] = 0
+        else:
+            table = table.drop(columns="reach")
+        pq.write_table(__import__("pyarrow").Table.from_pandas(table, preserve_index=False), run / TASKS_FILE)
+    assert TASKS_SCHEMA.field("reach")  # the column the damaged table lacks is the schema's
+    cells = pd.DataFrame({"cell_id": ["c1"], "run_dir": [str(run)]})
+    with pytest.raises(UserError, match=rf"cell c1: {run / TASKS_FILE}: .*{said}"):
+        task_rows(cells)
+
+
+def test_a_machine_record_of_the_wrong_type_marks_its_cell_instead_of_raising(tmp_path):
+    from sweeps.results import _machine
+    from trainer.files.run_files import RUN_FILE, read_machines
+
+    (tmp_path / RUN_FILE).write_text(json.dumps({"config_hash": "h", "machines": [{"cpu_model": "AMD EPYC",
+                                                                                    "threads": "two"}]}))
+    with pytest.raises(UserError, match=r"machines\[0\]\.threads='two' is not an integer"):
+        read_machines(tmp_path)
+    row, error = _machine(tmp_path)
+    assert row["threads"] is None and "machines[0].threads='two'" in error

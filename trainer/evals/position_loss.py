@@ -161,4 +161,45 @@ def _value_problem(table: pa.Table) -> str | None:
     past = arrays["position"] >= arrays["length"]
     if past.any():
         return f"position {arrays['position'][past][0]:g} ≥ its length {arrays['length'][past][0]:g}"
+    meta = table.schema.metadata or {}
+    if meta.get(b"hdrope.position_loss_version") == str(POSITION_LOSS_VERSION).encode():
+        return _paired_problem(table)
+    return None
+
+
+# a version-2 file's paired columns, in the groups that are measured together (all empty where one is not measured)
+_PAIRED_GROUPS = (("diff", "diff_se"), ("gain", "gain_se", "windows"))
+_PAIRED_VALUES: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {
+    "diff": ("finite", np.isfinite), "gain": ("finite", np.isfinite),
+    "diff_se": ("finite and ≥ 0", lambda v: np.isfinite(v) & (v >= 0)),
+    "gain_se": ("finite and ≥ 0", lambda v: np.isfinite(v) & (v >= 0)),
+    "windows": ("whole numbers ≥ 1", lambda v: (v >= 1) & (v == np.floor(v))),
+}
+
+
+def _paired_problem(table: pa.Table) -> str | None:
+    """What is wrong with a version-2 file's paired columns: one missing or not numbers, a group half empty in a row
+    (a difference without its standard error), or a value out of its range."""
+    missing = [c for c in PAIRED_COLUMNS if c not in table.column_names]
+    if missing:
+        return f"a version-{POSITION_LOSS_VERSION} file without its paired columns {missing}"
+    values = {}
+    for name in PAIRED_COLUMNS:
+        column = table.column(name)
+        if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type) or pa.types.is_null(column.type)):
+            return f"column {name} is stored as {column.type}, not as numbers"
+        values[name] = np.asarray(column.to_pandas(), dtype=np.float64)  # empty -> nan
+    for group in _PAIRED_GROUPS:
+        present = np.stack([~np.isnan(values[c]) for c in group])
+        half = present.any(axis=0) & ~present.all(axis=0)
+        if half.any():
+            row = int(np.flatnonzero(half)[0])
+            empty = [c for c, p in zip(group, present[:, row], strict=True) if not p]
+            return f"row {row} has {', '.join(c for c in group if c not in empty)} but {', '.join(empty)} is empty"
+        for name in group:
+            v = values[name][present[0]]
+            rule, ok = _PAIRED_VALUES[name]
+            bad = ~ok(v)
+            if bad.any():
+                return f"{name} = {v[bad][0]:g} in {int(bad.sum())} row(s): must be {rule}"
     return None

@@ -161,12 +161,23 @@ def claim_run_dir(run_dir: Path, config_hash: str, name: str, machine: dict[str,
 
 
 def read_machines(run_dir: Path) -> list[dict[str, Any]]:
-    """The machines that trained the run, in order, as its run.json records them ([] when none is recorded)."""
+    """The machines that trained the run, in order, as its run.json records them ([] when none is recorded);
+    UserError naming the file and field when a record's value is not of its type (`MACHINE_COLUMNS`)."""
+    from trainer.files.machine import MACHINE_COLUMNS
+
     path = Path(run_dir) / RUN_FILE
     if not path.is_file():
         return []
     machines = _read_json(path, "run.json", "delete the run directory").get("machines")
-    return [m for m in machines if isinstance(m, dict)] if isinstance(machines, list) else []
+    found = [m for m in machines if isinstance(m, dict)] if isinstance(machines, list) else []
+    for i, machine in enumerate(found):
+        for key, kind in MACHINE_COLUMNS.items():
+            value = machine.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+                want = "an integer" if kind is int else "text"
+                raise UserError(f"{path}: machines[{i}].{key}={value!r} is not {want}; restore run.json, or delete "
+                                "the run directory to train the cell again")
+    return found
 
 
 def store_tokenizer(run_dir: Path, source: Path | None) -> None:
