@@ -321,3 +321,20 @@ def test_a_machine_record_of_the_wrong_type_marks_its_cell_instead_of_raising(tm
         read_machines(tmp_path)
     row, error = _machine(tmp_path)
     assert row["threads"] is None and "machines[0].threads='two'" in error
+
+
+# --- the console's commands ----------------------------------------------------------------------------------------
+
+def test_bench_encodings_checks_its_size_up_front_and_shows_its_progress(hdrope_here):
+    big = hdrope_here(["bench", "encodings", "--shape", "1", "1", "200000", "16"])
+    assert big.returncode == 2 and "would hold about" in big.stderr and "use S <=" in big.stderr
+    small = hdrope_here(["bench", "encodings", "--shape", "1", "2", "16", "8", "--rounds", "1"])
+    assert small.returncode == 0, small.stderr
+    assert "round-robin rounds" in small.stdout.splitlines()[0] and "timing" in small.stderr
+
+
+def test_a_run_that_diverges_from_its_initial_parameters_exits_2_and_leaves_nothing(hdrope_here, cache_dir, tmp_path):
+    done = hdrope_here(["train", "tiny", f"data.cache_dir={cache_dir}", "model.pe.kind=comrope",
+                        "model.pe.init_std=1e30", "train.steps=2", "--no-progress"], cwd=tmp_path)
+    assert done.returncode == 2 and "set by model.pe.init_std=1e+30" in done.stderr and "Traceback" not in done.stderr
+    assert list(tmp_path.iterdir()) == []  # no run directory, no runs/ folder

@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +30,17 @@ from trainer.model.attention.dense import dense_attention
 from trainer.model.encodings.base import EncodingShape, PositionModule
 from trainer.model.position import POSITION_ENCODINGS, build_position_encoding, encoding_identity, identity_is_rope
 
-__all__ = ["SDPA", "main", "run_encodings_bench"]
+__all__ = ["DEFAULT_ROUNDS", "DEFAULT_SHAPE", "SDPA", "dense_bytes", "main", "run_encodings_bench"]
+
+
+def _available(device: str) -> int:
+    """Bytes of memory free for the benchmark's tensors on `device`."""
+    if str(device).startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return int(free)
+    import psutil
+
+    return int(psutil.virtual_memory().available)
 
 SDPA = "SDPA attention (reference)"  # the row a kind with its own attention (CoPE) is read against
 
@@ -79,11 +91,33 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backward: bool) -> 
     return fwd
 
 
-def run_encodings_bench(shape: tuple[int, int, int, int] = (8, 8, 1024, 64), rounds: int = 15,
-                        device: str = "cpu", dtype: torch.dtype = torch.float32) -> list[dict]:
+DEFAULT_SHAPE = (2, 4, 512, 64)  # B H S D: on 2 CPU cores every kind at 5 rounds in about a minute (measured)
+DEFAULT_ROUNDS = 5
+
+
+def dense_bytes(shape: tuple[int, int, int, int]) -> int:
+    """An upper bound on the bytes the heaviest kind's dense attention holds at once for q and k of `shape`: scores
+    of every head and a 32-unit hidden layer per query-key pair (FIRE's and DAPE's MLPs), float32."""
+    b, h, s, _ = shape
+    return 4 * s * s * (8 * b * h + 96 * b)
+
+
+def run_encodings_bench(shape: tuple[int, int, int, int] = DEFAULT_SHAPE, rounds: int = DEFAULT_ROUNDS,
+                        device: str = "cpu", dtype: torch.dtype = torch.float32,
+                        progress: Callable[[str], None] | None = None) -> list[dict]:
     """Forward and forward+backward ms of each kind's transform of q and k in `dtype` on `device`; ratios to
-    RoPE and to the floor."""
+    RoPE and to the floor. UserError, before anything is allocated, when the shape's dense attention would not fit
+    in the memory available."""
     _b, h, s, d = shape
+    need, have = dense_bytes(shape), _available(device)
+    if need > have:
+        fits = int(s * math.sqrt(have / need))
+        raise UserError(f"--shape {' '.join(map(str, shape))}: the dense attention of the heaviest kinds (FIRE's and "
+                        f"DAPE's MLP over every query-key pair) would hold about {need / 2**30:.3g} GiB at S={s}, "
+                        f"over the {have / 2**30:.3g} GiB available; use S <= {fits} (the benchmark times each kind's "
+                        "transform and its dense attention; `hdrope bench length` times long sequences on the tiled "
+                        "path)")
+    say = progress or (lambda line: None)
     torch.manual_seed(0)
     dev = torch.device(device)
     dims = EncodingShape(d, h, h, 1, s)
@@ -104,7 +138,10 @@ def run_encodings_bench(shape: tuple[int, int, int, int] = (8, 8, 1024, 64), rou
     for label, enc in encodings.items():
         fwd[label] = _transform(enc, q, k, v, pos, backward=False)
         bwd[label] = _transform(enc, qg, kg, vg, pos, backward=True)
-    t_f, t_b = median_round_robin(synced(fwd, dev), rounds), median_round_robin(synced(bwd, dev), rounds)
+    say(f"timing {len(fwd) - 1} variants' forward, {rounds} round(s)")
+    t_f = median_round_robin(synced(fwd, dev), rounds)
+    say(f"timing their forward and backward, {rounds} round(s)")
+    t_b = median_round_robin(synced(bwd, dev), rounds)
     floor = t_f.pop("floor")
     return [{"encoding": name, "fwd_ms": ms, "fwd_vs_rope": ms / t_f[rope], "fwd_vs_floor": ms / floor,
              "fwdbwd_ms": t_b[name], "fwdbwd_vs_rope": t_b[name] / t_b[rope], "floor_ms": floor}
@@ -114,9 +151,11 @@ def run_encodings_bench(shape: tuple[int, int, int, int] = (8, 8, 1024, 64), rou
 def main(argv: list[str]) -> int:
     """Run the encodings benchmark and print one row per kind."""
     ap = argparse.ArgumentParser(prog="hdrope bench encodings", description=__doc__)
-    ap.add_argument("--shape", type=positive_int, nargs=4, default=[8, 8, 1024, 64], metavar=("B", "H", "S", "D"))
-    ap.add_argument("--rounds", type=positive_int, default=15)
-    ap.add_argument("--threads", type=non_negative_int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--shape", type=positive_int, nargs=4, default=list(DEFAULT_SHAPE), metavar=("B", "H", "S", "D"))
+    ap.add_argument("--rounds", type=positive_int, default=DEFAULT_ROUNDS)
+    ap.add_argument("--threads", type=non_negative_int, default=1,
+                    help="torch threads (default 1: on a loaded machine more threads than free cores can stall; 0: "
+                         "torch's default)")
     ap.add_argument("--json", type=writable_file, default=None, help="also write the rows to this JSON file")
     ap.add_argument("--device", default="cpu", help="cpu (default), auto (cuda when available), cuda or cuda:N")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="dtype of q and k")
@@ -124,7 +163,11 @@ def main(argv: list[str]) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     dev = bench_device(args.device)
-    rows = run_encodings_bench(tuple(args.shape), args.rounds, str(dev), DTYPES[args.dtype])
+    print(f"hdrope bench encodings: {len(POSITION_ENCODINGS) + 1} variants, {args.rounds} round-robin rounds of the "
+          "forward and of the forward and backward (at the default shape, about a minute on 2 CPU cores; progress on "
+          "stderr)", flush=True)
+    rows = run_encodings_bench(tuple(args.shape), args.rounds, str(dev), DTYPES[args.dtype],
+                               lambda line: print(line, file=sys.stderr, flush=True))
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"{torch.get_num_threads()} threads"
     print(f"q and k {tuple(args.shape)} {args.dtype} on {where}, median of {args.rounds} "
           f"round-robin rounds; floor (q*2, k*2) = {rows[0]['floor_ms']:.3f} ms")

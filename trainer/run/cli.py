@@ -47,9 +47,9 @@ def train_main(argv: list[str]) -> int:
             reporters.append(MLflowReporter(args.tracking_uri, args.experiment, cfg.name, tags))
         try:
             result = train(cfg, Reporters(*reporters), strategy=args.strategy)
-        except TrainingDiverged as err:
+        except TrainingDiverged as err:  # a user error: the message names the settings behind it
             print(f"hdrope train: {err}", file=sys.stderr)
-            return 1
+            return 2
     if rank:
         return 0
     shown = {k: round(v, 4) for k, v in result.metrics.items()}

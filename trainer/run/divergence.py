@@ -108,3 +108,17 @@ def leaving_no_stillborn_run(run_dir: Path, stops: type[BaseException], active: 
                     continue
                 shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
         raise
+
+
+def remove_stillborn_dir(run_dir: Path, parents: list[Path] | tuple[Path, ...] = ()) -> None:
+    """Remove run_dir when `leaving_no_stillborn_run` left nothing in it but the (released) lock file (the run made
+    it and died before its first checkpoint), then each of `parents` (the directories the run made above it, the
+    nearest first) while it is empty."""
+    run_dir = Path(run_dir)
+    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {LOCK_FILE}:
+        (run_dir / LOCK_FILE).unlink(missing_ok=True)
+        for path in (run_dir, *parents):
+            try:
+                path.rmdir()
+            except OSError:  # not empty: another writer made something there meanwhile, and it is theirs
+                break

@@ -80,7 +80,13 @@ from trainer.run.distributed import (
     no_sync,
     wrap_model,
 )
-from trainer.run.divergence import first_step_message, later_step_message, leaving_no_stillborn_run, suspect_parameters
+from trainer.run.divergence import (
+    first_step_message,
+    later_step_message,
+    leaving_no_stillborn_run,
+    remove_stillborn_dir,
+    suspect_parameters,
+)
 from trainer.run.optim import build_optimizer, lr_at
 from trainer.run.reporting import Reporter
 
@@ -374,10 +380,16 @@ def train(cfg: RunConfig, reporter: Reporter | None = None, strategy: str = "ddp
         if main:
             refuse_foreign_run_dir(run_dir)  # the user's own files are never replaced
         run = _Run(cfg, reporter, chash, run_dir, strategy)  # data and model ready; nothing written in run_dir yet
+        made = [p for p in (run_dir, *run_dir.parents) if not p.exists()] if main else []  # what this run creates
         # rank 0 alone writes the run directory, so it alone holds it (a second writer is refused, naming this PID)
-        with hold_dir_lock(run_dir, f"hdrope train of config {chash}") if main else contextlib.nullcontext(), \
-                leaving_no_stillborn_run(run_dir, TrainingDiverged, active=main):
-            return _train(run)
+        try:
+            with hold_dir_lock(run_dir, f"hdrope train of config {chash}") if main else contextlib.nullcontext(), \
+                    leaving_no_stillborn_run(run_dir, TrainingDiverged, active=main):
+                return _train(run)
+        except TrainingDiverged:
+            if made:  # a run that died before its first checkpoint in a directory it made: leave nothing behind
+                remove_stillborn_dir(run_dir, made[1:])
+            raise
     except BaseException as err:  # every way a run ends early is recorded as its status, then raised again
         status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
         reporter.finish(status, f"{type(err).__name__}: {err}")
