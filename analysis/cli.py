@@ -166,9 +166,9 @@ def seeds_main(argv: list[str]) -> int:
 
         advice, said = question_advice(pilot, planned_frame(plan), plan.spec.questions, a.detect, a.metric)
         print("\n".join([*said, *advice.lines()]))
-        return 0
-    advice = seed_advice(pilot, planned_frame(plan), a.metric or plan.spec.search.metric, a.detect)
-    print("\n".join(advice.lines()))
+    else:
+        advice = seed_advice(pilot, planned_frame(plan), a.metric or plan.spec.search.metric, a.detect)
+        print("\n".join(advice.lines()))
     for note in design_warnings(plan.cells, plan.compares, a.detect):  # the windows judged against --detect
         print(f"warning: {note}", file=sys.stderr)
     return 0

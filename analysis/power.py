@@ -24,7 +24,7 @@ from analysis.stats import seeds_needed
 from analysis.variants import trained
 from hdrope.errors import UserError
 
-__all__ = ["SeedAdvice", "family_size", "pilot_spread", "seed_advice"]
+__all__ = ["SeedAdvice", "family_size", "no_spread_reason", "pilot_spread", "seed_advice"]
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def _pilot_cells(pilot: Path, metric: str) -> pd.DataFrame:
     return cells
 
 
-def _no_spread(cells: pd.DataFrame, pilot: Path, metric: str) -> str:
+def no_spread_reason(cells: pd.DataFrame, pilot: Path, metric: str) -> str:
     """Why no variant of the pilot gives a per-seed spread of `metric`: too few seeds, or a metric left empty
     (an effective length of a task no variant learned)."""
     seeds = cells.groupby(["variant", cells["theta"].astype(float).fillna(-1.0)])["seed"].nunique()
@@ -128,7 +128,7 @@ def pilot_spread(cells: pd.DataFrame, pilot: Path, metric: str) -> tuple[float, 
     within = values.groupby(["variant", "theta"], dropna=False)["value"].agg(["var", "count"]).dropna()
     within = within[within["count"] >= 2]
     if within.empty:
-        raise UserError(_no_spread(cells, pilot, metric))
+        raise UserError(no_spread_reason(cells, pilot, metric))
     pooled = float(math.sqrt(np.average(within["var"], weights=within["count"] - 1)))
     if values["value"].nunique() == 1:  # constant: a power calculation would answer its minimum for any difference
         raise UserError(f"--metric {metric}: every seed of every variant of the pilot {pilot} gave the same value "

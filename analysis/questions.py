@@ -81,8 +81,19 @@ def declared_family(cells: pd.DataFrame, questions: Sequence[Any], level: float 
                  if (r := pair_row(values, q.metric, q.variant, q.reference, theta, level)) is not None]
         rows += found
         if not found:
-            missing.append(f"{question_text(q)}: no θ at which both ran")
+            missing.append(f"{question_text(q)}: {_why_unanswered(mine, values, q)}")
     return corrected(rows, level, correction), missing
+
+
+def _why_unanswered(cells: pd.DataFrame, values: pd.DataFrame, q: Any) -> str:
+    """Why a question found no comparison in cells that have its metric and variants: a variant none of whose cells
+    has a value of the metric, or no θ at which both ran."""
+    for variant in (q.variant, q.reference):
+        if not values[values["variant"] == variant]["value"].notna().any():
+            n = int((cells["variant"] == variant).sum())
+            return (f"{variant} has no value of {q.metric} (empty in all {n} of its cells: a task it did not learn "
+                    "has no effective length, a metric it did not compute is empty)")
+    return "no θ at which both ran"
 
 
 def _key(row: pd.Series) -> tuple:
@@ -158,7 +169,9 @@ def plan_problems(plan: Plan) -> list[str]:
     questions = plan.spec.questions
     if not questions or not plan.cells:
         return []
-    labels = list(dict.fromkeys(with_variants(planned_frame(plan)).sort_values("variant_rank")["variant"]))
+    shown = with_variants(planned_frame(plan))
+    labels = list(dict.fromkeys(shown.sort_values("variant_rank")["variant"]))
+    configs = {c.cell_id: c.config for c in plan.cells}
     reported = _planned_metrics(plan)
     problems = []
     for i, q in enumerate(questions):
@@ -173,7 +186,44 @@ def plan_problems(plan: Plan) -> list[str]:
         if not _known_metric(q.metric, reported):
             problems.append(f"{where}.metric={q.metric!r}: the cells will not report it; choose one of {reported}, "
                             f"or a derived family: {', '.join(DERIVED_METRICS)}")
+            continue
+        mine = shown[shown["variant"].isin([q.variant, q.reference])]
+        cfgs = [configs[c] for c in mine["cell_id"]]
+        problems += [f"{where}: {p}" for p in _unanswerable(q, mine, cfgs)]
     return problems + duplicate_questions(questions)
+
+
+_HARD = re.compile(r"^hardacc_(?P<task>.+)_x[0-9.]+$")
+_HARD_DRAWS = 256  # examples drawn to see whether a task's hard subset can hold any
+
+
+def _unanswerable(q: Any, cells: pd.DataFrame, configs: Sequence[Any]) -> list[str]:
+    """Why a question's planned cells cannot answer it, whatever they learn: a hard subset its task's parameters
+    leave empty, a loss effective length without the train-length-context pass it is read from, or two variants that
+    run at no common θ."""
+    found = []
+    if (hard := _HARD.match(q.metric)) and configs:
+        from trainer.data.tasks.registry import TASKS
+
+        task = TASKS.get(hard["task"])
+        if task is not None and task.hard is not None:
+            params = configs[0].data.task_params
+            rng = np.random.default_rng(0)
+            if not any(task.hard(task.draw(params, rng).params) for _ in range(_HARD_DRAWS)):
+                used = ", ".join(f"{k}={getattr(params, k)}" for k in task.uses)
+                found.append(f"{q.metric}: no example of {task.name} at data.task_params {used} is in its hard subset "
+                             f"(none of {_HARD_DRAWS} drawn defeats its shortcut), so the metric has no examples; "
+                             "change the task's parameters (a flip-flop needs ops >= 2) or ask on another metric")
+    if q.metric == "efflen_loss" and any(not c.eval.sliding_stride for c in configs):
+        found.append("efflen_loss is read from the loss of each window at the train length's context, which the cells "
+                     "compute only with eval.sliding_stride set; set eval.sliding_stride (e.g. half the train length) "
+                     "in the spec's overrides")
+    thetas = {v: set(cells[cells["variant"] == v]["theta"].dropna().astype(float)) for v in (q.variant, q.reference)}
+    if all(thetas.values()) and not thetas[q.variant] & thetas[q.reference]:
+        found.append(f"{q.variant} runs at θ {sorted(thetas[q.variant])} and {q.reference} at θ "
+                     f"{sorted(thetas[q.reference])}: no θ at which both run, so the pair is never compared; give them "
+                     "a common θ")
+    return found
 
 
 def duplicate_questions(questions: Sequence[Any]) -> list[str]:
@@ -247,10 +297,18 @@ def question_advice(pilot: str | Path, planned: pd.DataFrame, questions: Sequenc
             raise UserError(f"--pilot {pilot_dir}: the pilot cannot measure the question {question_text(q)} (it ran "
                             f"variants {sorted(set(cells['variant']))}); run a pilot with both variants and 2 or "
                             "more shared seeds")
-        paired, within, pairs = _spread(seed_values(mine, q.metric), q)
+        values = seed_values(mine, q.metric)
+        arms_ = values[values["variant"].isin([q.variant, q.reference])]["value"].dropna()
+        if arms_.nunique() == 1:  # constant: a power calculation would answer its minimum for any difference
+            raise UserError(f"--pilot {pilot_dir}: {question_text(q)}: every seed of both variants gave the same value "
+                            f"({arms_.iloc[0]:g}), so the pilot measures nothing to size a plan from (a task not "
+                            "learned scores flat); declare the question on a metric that varies, or pilot longer")
+        paired, within, pairs = _spread(values, q)
         if not np.isfinite(paired) and not np.isfinite(within):
-            raise UserError(f"--pilot {pilot_dir}: {question_text(q)} has fewer than 2 seeds in the pilot, so it "
-                            "measures no per-seed spread; run the pilot with at least 2 seeds")
+            from analysis.power import no_spread_reason
+
+            both = mine[mine["variant"].isin([q.variant, q.reference])]
+            raise UserError(f"{question_text(q)}: {no_spread_reason(both, pilot_dir, q.metric)}")
         spreads.append((paired if np.isfinite(paired) else math.sqrt(2) * within, within, pairs, q))
     paired_sd, within_sd, pairs, worst = max(spreads, key=lambda s: s[0])
     alpha = (1 - level) / family

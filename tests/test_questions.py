@@ -116,6 +116,7 @@ def test_a_bad_question_is_refused_at_plan_time_naming_the_entry(tmp_path, quest
 
 def test_derived_metric_families_are_accepted(tmp_path):
     plan = make_plan(load_spec(_spec(tmp_path, questions=(
+        'overrides: {eval.sliding_stride: 32}\n'  # the loss effective length's train-length-context pass
         'questions:\n  - {variant: "4D Paley", reference: "RoPE", metric: efflen_loss}\n'
         '  - {variant: "4D Paley", reference: "RoPE", metric: lm_hellaswag_acc}\n'))))
     assert len(plan.spec.questions) == 2

@@ -338,3 +338,118 @@ def test_a_run_that_diverges_from_its_initial_parameters_exits_2_and_leaves_noth
                         "model.pe.init_std=1e30", "train.steps=2", "--no-progress"], cwd=tmp_path)
     assert done.returncode == 2 and "set by model.pe.init_std=1e+30" in done.stderr and "Traceback" not in done.stderr
     assert list(tmp_path.iterdir()) == []  # no run directory, no runs/ folder
+
+
+# --- declared questions: sizing and answering -----------------------------------------------------------------------
+
+def _results_pilot(tmp_path: Path, results) -> Path:
+    """A finished pilot directory holding only a results.parquet of hand-made values."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "pilot"
+    root.mkdir()
+    table = pa.Table.from_pandas(results.assign(dedup_of=results["dedup_of"].astype(object),
+                                                cell_id=[f"c{i}" for i in range(len(results))]), preserve_index=False)
+    meta = {b"hdrope.axes": json.dumps(results.attrs["axes"]).encode(),
+            b"hdrope.seed_axes": json.dumps(results.attrs["seed_axes"]).encode()}
+    pq.write_table(table.replace_schema_metadata(meta), root / "results.parquet")
+    return root
+
+
+PALEY = {"rotation_dim": 4, "basis": "paley"}
+
+
+def test_sizing_a_question_on_a_constant_metric_is_refused_as_without_questions(tmp_path):
+    from analysis.questions import question_advice
+    from sweeps.spec import Question
+    from tests.test_edges_b import _results
+
+    rows = [("rope", {}, 1e4, s, 2.0 + 0.1 * s) for s in (1, 2, 3)] + [("hdrope", PALEY, 1e4, s, 2.0 + 0.2 * s)
+                                                                       for s in (1, 2, 3)]
+    results = _results(rows).assign(acc_s5_x1=0.0)  # a task neither variant learned: 0 everywhere
+    pilot = _results_pilot(tmp_path, results)
+    with pytest.raises(UserError, match=r"4D Paley − RoPE on acc_s5_x1: every seed of both variants gave the same "
+                                        r"value \(0\)"):
+        question_advice(pilot, results, [Question("4D Paley", "RoPE", "acc_s5_x1")], 0.1)
+
+
+def test_sizing_a_question_on_a_task_not_learned_says_so_naming_the_variants(tmp_path):
+    from analysis.questions import question_advice
+    from sweeps.spec import Question
+    from tests.test_edges_b import _results
+
+    rows = [("rope", {}, 1e4, s, 2.0) for s in (1, 2)] + [("hdrope", PALEY, 1e4, s, 2.1) for s in (1, 2)]
+    results = _results(rows).assign(acc_copy_x1=[0.25, 0.0, 0.125, 0.0], n_copy_x1=8, acc_copy_x2=0.0, n_copy_x2=8)
+    pilot = _results_pilot(tmp_path, results)
+    with pytest.raises(UserError) as err:
+        question_advice(pilot, results, [Question("4D Paley", "RoPE", "efflen_copy")], 0.5)
+    message = str(err.value)
+    assert "fewer than 2 seeds" not in message and "the task copy was not learned" in message
+    assert "RoPE at θ=10000" in message and "4D Paley at θ=10000" in message
+
+
+def test_a_question_whose_variant_has_no_values_says_so():
+    from analysis.questions import declared_family
+    from analysis.variants import trained
+    from sweeps.spec import Question
+    from tests.test_edges_b import _results
+
+    rows = [("rope", {}, 1e4, s, 2.0) for s in (1, 2, 3)] + [("hdrope", PALEY, 1e4, s, 2.1) for s in (1, 2, 3)]
+    cells = trained(_results(rows).assign(efflen_copy=[1.0, 1.5, 2.0, float("nan"), float("nan"), float("nan")]))
+    rows_, missing = declared_family(cells, [Question("4D Paley", "RoPE", "efflen_copy")])
+    assert rows_.empty and len(missing) == 1
+    assert "4D Paley has no value of efflen_copy (empty in all 3 of its cells" in missing[0]
+    assert "no θ at which both ran" not in missing[0]
+
+
+def _planned(tmp_path: Path, overrides: dict, axes: dict, questions: list[dict]):
+    import yaml
+
+    from sweeps.plan import make_plan
+    from sweeps.spec import load_spec
+
+    spec = {"name": "q", "base": "tiny", "storage": str(tmp_path / "store"), "overrides": overrides, "axes": axes,
+            "questions": questions}
+    path = tmp_path / "q.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False, allow_unicode=True))
+    return make_plan(load_spec(path))
+
+
+@pytest.mark.parametrize(("overrides", "axes", "question", "said"), [
+    ({"data.tasks": ["flipflop"], "data.task_ratio": 0.5, "data.task_params.ops": 1},
+     {"model.pe.kind": ["rope", "nope"]}, {"variant": "NoPE", "reference": "RoPE", "metric": "hardacc_flipflop_x1"},
+     "no example of flipflop at data.task_params ops=1 is in its hard subset"),
+    ({}, {"model.pe.kind": ["rope", "nope"]}, {"variant": "NoPE", "reference": "RoPE", "metric": "efflen_loss"},
+     "compute only with eval.sliding_stride set"),
+    ({}, {"model.pe": [{"kind": "rope", "theta": 10000.0},
+                       {"kind": "hdrope", "rotation_dim": 4, "basis": "paley", "theta": 500000.0}]},
+     {"variant": "4D Paley", "reference": "RoPE", "metric": "val_loss"}, "no θ at which both run"),
+])
+def test_a_question_the_cells_cannot_answer_is_refused_at_plan_time(tmp_path, overrides, axes, question, said):
+    from sweeps.spec import SpecError
+
+    with pytest.raises((UserError, SpecError), match=said):
+        _planned(tmp_path, overrides, axes, [question])
+
+
+def test_sizing_with_declared_questions_judges_the_windows_against_the_difference(tmp_path, hdrope_here):
+    """`sweep plan --detect --pilot` said nothing of too few validation windows when the spec declared questions."""
+    import yaml
+
+    from tests.test_edges_b import _results
+
+    rows = [("rope", {}, 1e4, s, 2.0 + 0.01 * s) for s in (1, 2, 3)] + [
+        ("hdrope", PALEY, 1e4, s, 2.0 + 0.03 * s) for s in (1, 2, 3)]
+    results = _results(rows).assign(val_loss_x4=lambda d: d["val_loss"] + 0.3)
+    pilot = _results_pilot(tmp_path, results)
+    spec = {"name": "sized", "base": "tiny", "storage": str(tmp_path / "store"),
+            "overrides": {"eval.extrapolation": [4], "eval.windows": 2, "model.pe.rotation_dim": 4,
+                          "model.pe.basis": "paley"},
+            "axes": {"model.pe.kind": ["rope", "hdrope"], "seed": [1, 2, 3]},
+            "questions": [{"variant": "4D Paley", "reference": "RoPE", "metric": "val_loss_x4"}]}
+    path = tmp_path / "sized.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    done = hdrope_here(["seeds", str(path), "--detect", "0.01", "--pilot", str(pilot)])
+    assert done.returncode == 0, done.stderr
+    assert "declared family" in done.stdout and "warning:" in done.stderr and "window" in done.stderr
