@@ -4,7 +4,8 @@ Three byte 4-gram models (analysis.known_models) are scored by the lab's own eva
 `write_position_loss`) at each shipped study's train length, length factors and window counts (read from its spec),
 on SETS disjoint slices of the validation split, with eval.sliding_stride = L/2 (the paired instrument's limited
 pass). Each reading is the old, unpaired rule (`analysis.lengthgen.loss_effective_length`) beside the paired one
-(`analysis.loss_length.loss_reading`). Regenerate the table with `python -m analysis.known_answers`.
+(`analysis.loss_length.loss_reading`). `python -m analysis.known_answers` prints the docs' generated block
+(`<!-- known-answers:loss -->`), which tests/test_known_answers_loss.py ties to the readings.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from trainer.config import DataConfig, EvalConfig, validation_windows
 from trainer.evals.evaluate import evaluate_validation
 from trainer.evals.position_loss import bin_starts, read_position_loss, write_position_loss
 
-__all__ = ["DESIGNS", "SETS", "Design", "design", "known_answer_readings", "ngram_counts", "validation_tokens"]
+__all__ = ["DESIGNS", "SETS", "Design", "design", "design_windows", "designs_markdown", "docs_markdown",
+           "known_answer_readings", "ngram_counts", "simulation_markdown", "table_markdown", "validation_tokens"]
 
 SETS = 8
 NGRAM = 4
@@ -132,26 +134,48 @@ def table_markdown(readings: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def design_windows(d: Design) -> tuple[int, int]:
+    """(validation windows, narrowest bin width in positions) at the design's longest factor."""
+    length = d.max_factor * d.train_length
+    width = int(np.diff(np.append(bin_starts(length, d.eval.position_bins, d.eval.position_spacing), length)).min())
+    return validation_windows(d.eval, d.max_factor), width
+
+
+def designs_markdown() -> str:
+    """The designs in words, as the docs introduce the table: each shipped spec's L, longest factor and windows."""
+    parts = []
+    for name, spec in DESIGNS.items():
+        d = design(name)
+        windows, _ = design_windows(d)
+        parts.append(f"{name} (`{spec}`: L = {d.train_length}, {d.max_factor}x on {windows} windows)")
+    return " and ".join(parts)
+
+
 def simulation_markdown(sets: int = 2000) -> str:
     """The false-alarm rate of a model exactly at the tolerance in all 48 bins past L (`false_alarm_rate`), at the
     designs' window counts and bin widths, with bins correlated 0.5 or independent."""
     lines = ["| windows | bin width | correlation | reads short |", "|---|---|---|---|"]
-    for windows, width in ((4, 8), (128, 4)):
+    for windows, width in dict.fromkeys(design_windows(design(name)) for name in DESIGNS):
         for correlation in (0.5, 0.0):
             rate = false_alarm_rate(windows, 48, sets, LOSS_TOLERANCE, width=width, correlation=correlation)
             lines.append(f"| {windows} | {width} | {correlation:g} | {rate:.1%} of {sets} sets |")
     return "\n".join(lines)
 
 
+def docs_markdown(readings: pd.DataFrame) -> str:
+    """The body of the docs' generated block: the designs, the known-answer table and the simulation's."""
+    return (f"The designs: {designs_markdown()}.\n\n{table_markdown(readings)}\n\nHow often a model exactly at the "
+            f"tolerance in every bin past L reads short (the worst case that must read censored):\n\n"
+            f"{simulation_markdown()}\n")
+
+
 def main() -> None:
-    """Print the known-answer table of every design."""
+    """Print the docs' generated block (the known-answer table of every design and the simulation's)."""
     torch.set_num_threads(1)  # tiny tensors: more threads only contend on a shared CPU
     train, val = validation_tokens()
     counts = ngram_counts(train)
     readings = pd.concat([known_answer_readings(design(name), counts, val) for name in DESIGNS])
-    print(table_markdown(readings))
-    print()
-    print(simulation_markdown())
+    print(docs_markdown(readings), end="")
 
 
 if __name__ == "__main__":

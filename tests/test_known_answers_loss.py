@@ -43,6 +43,32 @@ def _of(readings, model: str):
     return d, got
 
 
+def _docs_block() -> str:
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "length-generalisation.md").read_text()
+    found = re.search(r"<!-- known-answers:loss -->\n(?P<body>.*?)<!-- /known-answers -->", text, re.S)
+    assert found, "docs/length-generalisation.md has no known-answers block"
+    return found["body"]
+
+
+def test_the_docs_quote_each_designs_readings_as_the_module_prints_them(readings):
+    """The docs' table is `python -m analysis.known_answers`'s (issue 47 case 10: it had kept a former design's)."""
+    from analysis.known_answers import designs_markdown, table_markdown
+
+    body = _docs_block()
+    assert designs_markdown() in body
+    for line in table_markdown(readings[1]).splitlines()[2:]:
+        assert line in body, line
+
+
+def test_the_docs_quote_the_simulation_as_the_module_prints_it():
+    from analysis.known_answers import simulation_markdown
+
+    assert simulation_markdown() in _docs_block()
+
+
 def test_perfect_generaliser_reads_censored(readings):
     d, got = _of(readings, "perfect")
     assert (got["new"] == d.max_factor).all() and (got["reason"] == "censored").all(), got
