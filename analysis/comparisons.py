@@ -94,13 +94,15 @@ def comparison_family(cells: pd.DataFrame, metrics: list[str], level: float = 0.
     return corrected([r for m in metrics for r in _rows(cells, m, level)], level, correction)
 
 
-def corrected(rows: list[dict], level: float = 0.95, correction: str = "holm") -> pd.DataFrame:
+def corrected(rows: list[dict], level: float = 0.95, correction: str = "holm", unanswered: int = 0) -> pd.DataFrame:
     """Uncorrected comparison rows (`pair_row`) as one family: p_adj by `correction`, significance, and the
-    80%-power detectable difference at the Bonferroni level of the family."""
+    80%-power detectable difference at the Bonferroni level of the family. `unanswered`: comparisons the family
+    declared but found no data for; they stay in it (as p = 1), so a lost question never loosens the others."""
     table = pd.DataFrame(rows, columns=[*COLUMNS, "sd"])
     alpha = 1 - level
-    family = int(table["p"].notna().sum())
-    table["p_adj"] = adjust(table["p"].tolist(), correction) if len(table) else []
+    family = int(table["p"].notna().sum()) + unanswered
+    padded = table["p"].tolist() + [1.0] * unanswered
+    table["p_adj"] = adjust(padded, correction)[:len(table)] if len(table) else []
     table["significant"] = table["testable"].astype(bool) & (table["p_adj"] < alpha)
     table["mde"] = [detectable_difference(sd, n, paired=bool(pr), alpha=alpha / max(family, 1))
                     for sd, n, pr in zip(table["sd"], table["n"], table["paired"], strict=True)]

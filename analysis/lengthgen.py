@@ -31,16 +31,16 @@ import pandas as pd
 from analysis.loss_length import loss_reading
 from trainer.evals.position_loss import PAIRED_COLUMNS, POSITION_LOSS_FILE, POSITION_LOSS_SCHEMA, read_position_loss
 
-__all__ = ["ACC_METRIC", "DEFAULT_RULE", "LEARNED_THRESHOLD", "LOSS_REASON", "LOSS_TOLERANCE", "AccuracyRule",
-           "accuracy_counts",
-           "effective_length", "is_task_metric", "learned_table", "loss_effective_length", "loss_readings",
-           "position_losses",
-           "task_metrics", "with_effective_lengths"]
+__all__ = ["ACC_METRIC", "DEFAULT_RULE", "EFFECTIVE_PREFIXES", "LEARNED_THRESHOLD", "LOSS_REASON", "LOSS_TOLERANCE",
+           "AccuracyRule", "accuracy_counts", "effective_length", "is_task_metric", "learned_table",
+           "loss_effective_length", "loss_readings", "position_losses", "task_metrics", "with_effective_lengths"]
 
 ACC_METRIC = re.compile(r"^acc_(?P<task>.+)_x(?P<tag>[0-9]+(?:\.[0-9]+)?)$")
 LEARNED_THRESHOLD = 0.9  # 1x exact match a task must reach before its lengths say anything (issue 25)
 LOSS_REASON = "loss_length_reason"  # the column that says why a cell's efflen_loss is what it is (or missing)
 LOSS_TOLERANCE = 0.1  # nats the full context may cost over the train length's on the same tokens
+# the columns `with_effective_lengths` derives: efflen_<task> (on distance) and efflen_loss, poslen_<task> (by window)
+EFFECTIVE_PREFIXES = ("efflen_", "poslen_")
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ DEFAULT_RULE = AccuracyRule()
 def is_task_metric(metric: str) -> bool:
     """Whether a metric belongs to the synthetic tasks (exact match, prompt count, per-token accuracy, or exact
     match on the examples a shortcut cannot answer)."""
-    return bool(ACC_METRIC.match(metric)) or metric.startswith(("tokacc_", "tokskill_", "efflen_", "hardacc_",
+    return bool(ACC_METRIC.match(metric)) or metric.startswith(("tokacc_", "tokskill_", *EFFECTIVE_PREFIXES, "hardacc_",
                                                                 "hardn_")) or \
         bool(re.match(r"^n_.+_x[0-9.]+$", metric))
 
@@ -170,10 +170,12 @@ def with_effective_lengths(cells: pd.DataFrame, rule: AccuracyRule = DEFAULT_RUL
                            tolerance: float = LOSS_TOLERANCE, threshold: float = LEARNED_THRESHOLD,
                            learned: pd.DataFrame | None = None) -> pd.DataFrame:
     """cells with `efflen_<task>` (per cell, so per seed; nan where the (variant, task) is not learned; on distance
-    where the cell's tasks.parquet records it, see `analysis.distance`) and `efflen_loss` columns, ready for
+    where the cell's tasks.parquet records it, see `analysis.distance`, with `poslen_<task>` beside it; by length
+    factor for an older run without distances; as shipped for a cell without run files) and `efflen_loss` columns,
+    ready for
     `analysis.comparisons`, and LOSS_REASON (why each cell's loss reading is what it is); `learned` is these
     cells' `learned_table` at `threshold` when the caller has it already."""
-    from analysis.distance import distance_effective_length, task_rows
+    from analysis.distance import distance_effective_length, position_effective_length, task_rows
 
     out = cells.copy()
     learned = learned_table(cells, threshold) if learned is None else learned
@@ -181,14 +183,24 @@ def with_effective_lengths(cells: pd.DataFrame, rule: AccuracyRule = DEFAULT_RUL
     for task, by_factor in task_metrics(list(cells.columns)).items():
         ok = learned[(learned["task"] == task) & learned["learned"]]
         keep = {(v, t if np.isfinite(t) else -1.0) for v, t in zip(ok["variant"], ok["theta"], strict=True)}
-        values = []
+        values, positions = [], []
         for _, row in cells.iterrows():
             theta = float(row["theta"]) if pd.notna(row["theta"]) else -1.0
             accs = [row.get(m, math.nan) for m in by_factor.values()]
             mine = by_distance[(by_distance["cell"] == row.name) & (by_distance["task"] == task)]
-            value = distance_effective_length(mine) if len(mine) else effective_length(list(by_factor), accs, rule)
-            values.append(value if (row["variant"], theta) in keep else math.nan)
+            if len(mine):
+                value, position = distance_effective_length(mine), position_effective_length(mine)
+            elif isinstance(row.get("run_dir"), str) and Path(row["run_dir"]).is_dir():  # older: no distances
+                value, position = effective_length(list(by_factor), accs, rule), math.nan
+            else:  # shipped results: no run files; what was shipped (validated), or nothing, never recomputed
+                value = row.get(f"efflen_{task}", math.nan)
+                position = row.get(f"poslen_{task}", math.nan)
+            learned_here = (row["variant"], theta) in keep
+            values.append(value if learned_here else math.nan)
+            positions.append(position if learned_here else math.nan)
         out[f"efflen_{task}"] = values
+        if not np.isnan(positions).all():
+            out[f"poslen_{task}"] = positions
     readings = loss_readings(cells, tolerance)
     if len(readings):
         out["efflen_loss"] = readings["value"].reindex(cells.index)

@@ -16,6 +16,7 @@ Files without the paired columns (written before them, or without eval.sliding_s
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ class LossReading:
     reason: str
 
 
+@functools.lru_cache(maxsize=256)
 def _critical(windows: int, alpha: float) -> float:
     return float(stats.t.ppf(1 - alpha, windows - 1)) if windows >= 2 else math.inf
 

@@ -17,7 +17,14 @@ import numpy as np
 import pandas as pd
 
 from analysis.comparisons import arms, comparison_table, references
-from analysis.lengthgen import LEARNED_THRESHOLD, learned_table, loss_readings, task_metrics, with_effective_lengths
+from analysis.lengthgen import (
+    EFFECTIVE_PREFIXES,
+    LEARNED_THRESHOLD,
+    learned_table,
+    loss_readings,
+    task_metrics,
+    with_effective_lengths,
+)
 from analysis.load import find_sweep_dir, load_results, sweep_cells
 from analysis.outcomes import seed_values
 from analysis.stats import seeds_needed
@@ -80,14 +87,14 @@ def _pilot_cells(pilot: Path, metric: str) -> pd.DataFrame:
     """The pilot's cells, with their effective lengths when the metric is one (`efflen_<task>`, `efflen_loss`)."""
     results = load_results(pilot)
     cells = sweep_cells(pilot)
-    if metric.startswith("efflen_"):
+    if metric.startswith(EFFECTIVE_PREFIXES):
         cells = with_effective_lengths(cells)
     if metric == "efflen_loss" and metric in cells and cells[metric].isna().all():
         reasons = "; ".join(loss_readings(cells)["reason"].unique())
         raise UserError(f"--metric efflen_loss: no cell of the pilot {pilot} has a loss effective length ({reasons})")
     if metric not in cells:
         known = [c for c in [*results.columns, *cells.columns] if not c.endswith("_path")
-                 and c.startswith(("val_", "passkey", "train_loss", "lm_", "acc_", "efflen_"))]
+                 and c.startswith(("val_", "passkey", "train_loss", "lm_", "acc_", *EFFECTIVE_PREFIXES))]
         raise UserError(f"--metric {metric}: the pilot {pilot} has no such column; choose one of "
                         f"{list(dict.fromkeys(known))}, or an effective length (efflen_<task>, efflen_loss) where "
                         "the pilot scored tasks or kept the loss by position")
@@ -101,10 +108,10 @@ def no_spread_reason(cells: pd.DataFrame, pilot: Path, metric: str) -> str:
     if seeds.empty or seeds.max() < 2:
         return (f"--pilot {pilot}: no variant of the pilot has 2 or more seeds of {metric}, so it measures no "
                 "per-seed spread; run the pilot with at least 2 seeds (axes: {seed: [1, 2]})")
-    task = metric.removeprefix("efflen_")
+    task = metric.removeprefix("efflen_").removeprefix("poslen_")
     table = learned_table(cells)
     table = table[(table["task"] == task) & ~table["learned"]]
-    if metric.startswith("efflen_") and len(table):
+    if metric.startswith(EFFECTIVE_PREFIXES) and len(table):
         shortest = next(iter(task_metrics(list(cells)).get(task, {}).values()), "val_loss")
         said = ", ".join(f"{r.variant}{'' if pd.isna(r.theta) else f' at θ={r.theta:g}'} ({r.k}/{r.n} at 1x)"
                          for r in table.itertuples())
@@ -156,8 +163,9 @@ def seed_advice(pilot: str | Path, planned: pd.DataFrame, metric: str, differenc
     pilot_cells = _pilot_cells(pilot_dir, metric)
     paired_sd, unpaired_sd, source = pilot_spread(pilot_cells, pilot_dir, metric)
     family = family_size(planned)
-    if metric.startswith("efflen_"):  # the effective-length table is one family over its columns (as the pilot's)
-        family *= sum(1 for c in pilot_cells if c.startswith("efflen_") and pilot_cells[c].notna().any())
+    if metric.startswith(EFFECTIVE_PREFIXES):  # the effective-length table is one family over its columns (as the
+        # pilot's)
+        family *= sum(1 for c in pilot_cells if c.startswith(EFFECTIVE_PREFIXES) and pilot_cells[c].notna().any())
     alpha = (1 - level) / family
     cells = trained(planned)
     planned_seeds = int(cells.groupby(["variant", cells["theta"].fillna(-1.0)])["seed"].nunique().min())

@@ -10,6 +10,8 @@ variant rows (`analysis.variants`: "4D Paley", "RoPE", "4D identity", ...) and a
   shown with its own interval and uncorrected p, never marked, labelled exploratory (correction `EXPLORATORY`).
 - `plan_problems`: at plan time, each label must name a variant the spec's axes produce and each metric one the
   cells will report (or an effective length, or an lm-eval metric), listing what exists.
+- `plan_warnings`: at plan time, a declared family its planned seeds can never mark (the exact sign-flip test's
+  smallest p over the shared seeds above Holm's first-step α), with the seeds that could.
 - `question_advice`: `hdrope sweep plan --detect D --pilot P` sized for the declared family (α = 5% / questions,
   each question's paired per-seed spread measured on the pilot, sized for the largest).
 
@@ -28,20 +30,22 @@ import numpy as np
 import pandas as pd
 
 from analysis.comparisons import COLUMNS, EXPLORATORY, arms, corrected, fmt, pair_row
+from analysis.lengthgen import EFFECTIVE_PREFIXES
 from analysis.outcomes import seed_values
 from analysis.power import SeedAdvice
-from analysis.stats import seeds_needed
+from analysis.stats import min_attainable_p, seeds_needed, seeds_to_reach
 from analysis.variants import theta_text, with_variants
 
 if TYPE_CHECKING:
     from sweeps.plan import Plan
 
-__all__ = ["declared_family", "duplicate_questions", "exploratory", "family_size", "plan_problems", "question_advice",
-           "question_text", "questions_markdown"]
+__all__ = ["declared_family", "duplicate_questions", "exploratory", "family_size", "plan_problems", "plan_warnings",
+           "question_advice", "question_text", "questions_markdown"]
 
 # metric families a cell does not report itself but the analysis derives or a later command adds
 DERIVED_METRICS = {"efflen_loss": "the loss effective length (analysis.lengthgen)",
-                   "efflen_<task>": "a task's effective length",
+                   "efflen_<task>": "a task's effective length on distance",
+                   "poslen_<task>": "a task's effective length on window position",
                    "lm_<task>_<metric>": "a downstream benchmark of `hdrope eval lm-eval`"}
 _LM_METRIC = re.compile(r"^lm_.+_.+$")
 
@@ -53,7 +57,7 @@ def question_text(q: Any) -> str:
 
 def _with_metric(cells: pd.DataFrame, metric: str) -> pd.DataFrame:
     """cells with `metric`, deriving effective lengths when the metric is one (`efflen_<task>`, `efflen_loss`)."""
-    if metric not in cells and metric.startswith("efflen_") and "run_dir" in cells:
+    if metric not in cells and metric.startswith(EFFECTIVE_PREFIXES) and "run_dir" in cells:
         from analysis.lengthgen import with_effective_lengths
 
         return with_effective_lengths(cells)
@@ -69,7 +73,8 @@ def _thetas(values: pd.DataFrame, variants: Sequence[str]) -> list[float]:
 def declared_family(cells: pd.DataFrame, questions: Sequence[Any], level: float = 0.95,
                     correction: str = "holm") -> tuple[pd.DataFrame, list[str]]:
     """The declared questions' comparisons as one family (rows of `analysis.comparisons.COLUMNS`), and the
-    questions that found no data (a variant or metric the finished cells lack), in words."""
+    questions that found no data (a variant or metric the finished cells lack), in words. A question without data
+    still counts in the family (one comparison each): the correction is the one the study declared."""
     rows, missing = [], []
     for q in questions:
         mine = _with_metric(cells, q.metric)
@@ -82,7 +87,7 @@ def declared_family(cells: pd.DataFrame, questions: Sequence[Any], level: float 
         rows += found
         if not found:
             missing.append(f"{question_text(q)}: {_why_unanswered(mine, values, q)}")
-    return corrected(rows, level, correction), missing
+    return corrected(rows, level, correction, unanswered=len(missing)), missing
 
 
 def _why_unanswered(cells: pd.DataFrame, values: pd.DataFrame, q: Any) -> str:
@@ -157,8 +162,8 @@ def _known_metric(metric: str, reported: Sequence[str]) -> bool:
         return True
     if metric == "efflen_loss":
         return any(m.startswith("val_loss_x") for m in reported)
-    task = metric.removeprefix("efflen_")
-    return metric.startswith("efflen_") and any(m.startswith(f"acc_{task}_x") for m in reported)
+    prefix = next((p for p in EFFECTIVE_PREFIXES if metric.startswith(p)), None)
+    return prefix is not None and any(m.startswith(f"acc_{metric.removeprefix(prefix)}_x") for m in reported)
 
 
 def plan_problems(plan: Plan) -> list[str]:
@@ -253,6 +258,41 @@ def _spread(values: pd.DataFrame, q: Any) -> tuple[float, float, int]:
         diffs += list((variant - reference).dropna())
     paired = float(np.std(diffs, ddof=1)) if len(diffs) >= 2 else math.nan
     return paired, (float(math.sqrt(np.mean(within))) if within else math.nan), len(diffs)
+
+
+def plan_warnings(plan: Plan, level: float = 0.95) -> list[str]:
+    """What the declared family cannot do at the planned seeds: one line when no comparison in it could ever be
+    marked (the smallest p its test can give on the fewest seeds a question's two variants share, above Holm's
+    first-step α = (1 − level) / family size), naming the seeds that could."""
+    from sweeps.results import planned_frame
+
+    questions = plan.spec.questions
+    if not questions or not plan.cells:
+        return []
+    planned = planned_frame(plan)
+    family = family_size(planned, questions)
+    values = with_variants(planned)[["variant", "theta", "seed"]].assign(value=0.0)  # seed_values' shape
+    shared = []
+    for q in questions:
+        for theta in _thetas(values, (q.variant, q.reference)):
+            variant, reference = arms(values, q.variant, q.reference, theta)  # paired as the report pairs them
+            shared.append((len(set(variant.index) & set(reference.index)), q, theta))
+    if not shared or not family:
+        return []
+    n, q, theta = min(shared, key=lambda s: s[0])
+    alpha = (1 - level) / family
+    smallest = min_attainable_p(n, paired=True)
+    if not (n < 2 or smallest > alpha):
+        return []
+    need = seeds_to_reach(alpha, paired=True)
+    at = "" if np.isnan(theta) else f" at {theta_text(theta)}"
+    return [f"questions: the declared family holds {family} comparison{'s' * (family != 1)} ({len(questions)} "
+            f"question{'s' * (len(questions) != 1)}{', per θ' if family > len(questions) else ''}), so Holm's first "
+            f"step needs p ≤ {alpha:.3g}; {question_text(q)}{at} has {n} paired seed{'s' * (n != 1)}"
+            f"{f', whose exact sign-flip test gives p ≥ {smallest:.3g}' if n >= 2 else ''}: no declared comparison "
+            f"can be marked; give every variant "
+            f"{need} or more shared seeds (the power to detect a given difference needs more: `hdrope sweep plan "
+            "--detect D --pilot P`)"]
 
 
 def family_size(planned: pd.DataFrame, questions: Sequence[Any]) -> int:

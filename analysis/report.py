@@ -270,9 +270,11 @@ def lengthgen_section(cells: pd.DataFrame, marked: bool = True) -> tuple[list[st
         if len(tests) and marked:
             md += [_comparison_markdown(tests), ""]
         for _, mine in rows[rows["task"] == task].groupby("trained_distance"):
-            md += [f"### {task}: exact match by distance", "", _markdown(distance_grid(cells, mine, set(blocked))), "",
+            md += [f"### {task}: exact match by window length and distance", "",
+                   _markdown(distance_grid(cells, mine, set(blocked))), "",
                    *distance_notes(mine), ""]
     eff = {task: f"efflen_{task}" for task in tasks}
+    eff.update({f"{task} by position": f"poslen_{task}" for task in tasks if f"poslen_{task}" in cells})
     if "efflen_loss" in cells:
         eff["loss"] = "efflen_loss"
     tests = comparison_family(cells, list(eff.values()), LEVEL, CORRECTION)

@@ -8,7 +8,10 @@
   position and the task accuracies) and `passkey_n` (prompts behind `passkey_acc`).
 - `comparisons.csv`: the report's comparison table (`analysis.comparisons.COLUMNS`).
 - `study.json`: the study's name, axes, seed axes, declared questions, the column types of cells.csv, and its row
-  count and sha256, so a cut or edited cells.csv is refused.
+  count and sha256, so a cut or edited cells.csv is refused; `rules`, the version of each derived definition its
+  columns follow (`task_effective_length`: `analysis.distance.RULE_VERSION`). A study shipped under another
+  version (or before versions were recorded: 1) is read without those columns, and says so (`Study.stale`), until
+  it is shipped again from its runs; `restamp` rewrites its folder without them.
 
 Every read of a shipped folder checks study.json against its schema, cells.csv against what study.json records
 (whole, the same columns, the same study, types that keep every value, no infinite metric, each cell once), and
@@ -41,7 +44,7 @@ from analysis.variants import trained
 from hdrope.errors import UserError
 
 __all__ = ["CELLS_FILE", "COMPARISONS_FILE", "STUDY_FILE", "Study", "drift", "load_study", "rebuild",
-           "refuse_overwrite", "ship"]
+           "refuse_overwrite", "restamp", "rules", "ship"]
 
 CELLS_FILE, COMPARISONS_FILE, STUDY_FILE = "cells.csv", "comparisons.csv", "study.json"
 _DROPPED = ("run_dir",)  # where the cell ran: meaningless outside the machine that ran it
@@ -56,6 +59,7 @@ class Study:
     results: pd.DataFrame
     questions: list[Any] = field(default_factory=list)
     comparisons: pd.DataFrame | None = None
+    stale: list[str] = field(default_factory=list)  # derived columns dropped: shipped under another rule
 
     @property
     def cells(self) -> pd.DataFrame:
@@ -63,15 +67,32 @@ class Study:
         return trained(self.results)
 
 
+def rules() -> dict[str, int]:
+    """The version of each derived definition a study shipped now follows."""
+    from analysis.distance import RULE_VERSION
+
+    return {"task_effective_length": RULE_VERSION}
+
+
+def _stale_columns(study: dict, columns: list[str]) -> list[str]:
+    """The derived columns of cells.csv its study.json says follow another rule than this code's."""
+    from analysis.lengthgen import EFFECTIVE_PREFIXES
+
+    shipped = study.get("rules", {}).get("task_effective_length", 1)
+    if shipped == rules()["task_effective_length"]:
+        return []
+    return [c for c in columns if c.startswith(EFFECTIVE_PREFIXES) and c != "efflen_loss"]
+
+
 def _run_file_columns(sweep_dir: Path) -> pd.DataFrame:
     """cell_id plus what the report reads from run files, per trained cell: efflen_*, the loss reading's reason
     and passkey_n."""
-    from analysis.lengthgen import LOSS_REASON, with_effective_lengths
+    from analysis.lengthgen import EFFECTIVE_PREFIXES, LOSS_REASON, with_effective_lengths
     from analysis.load import sweep_cells
     from analysis.outcomes import read_passkey
 
     cells = with_effective_lengths(sweep_cells(sweep_dir))
-    out = cells[["cell_id", *(c for c in cells if c.startswith("efflen_") or c == LOSS_REASON)]].copy()
+    out = cells[["cell_id", *(c for c in cells if c.startswith(EFFECTIVE_PREFIXES) or c == LOSS_REASON)]].copy()
     out["passkey_n"] = [len(read_passkey(p)) if Path(p).is_file() else math.nan for p in cells["passkey_path"]]
     return out if out["passkey_n"].notna().any() else out.drop(columns="passkey_n")
 
@@ -93,7 +114,6 @@ def ship(sweep_dir: str | Path, folder: str | Path, force: bool = False) -> list
     """Write a finished sweep's cells.csv, comparisons.csv and study.json into folder; returns the files. A folder
     that holds another study's shipped results is refused unless `force`."""
     from analysis.load import find_sweep_dir, load_results
-    from analysis.report import report_tables
     from sweeps.plan_file import PLAN_FILE, load_plan
 
     sweep_dir, folder = find_sweep_dir(sweep_dir), Path(folder)
@@ -110,11 +130,18 @@ def ship(sweep_dir: str | Path, folder: str | Path, force: bool = False) -> list
     extra = _run_file_columns(sweep_dir)
     table = results.drop(columns=[c for c in _DROPPED if c in results]).merge(extra, on="cell_id", how="left")
     table.attrs = dict(results.attrs)
+    return _write(folder, table, name, questions)
+
+
+def _write(folder: Path, table: pd.DataFrame, name: str, questions: list[dict]) -> list[Path]:
+    """Write cells.csv (the table), the comparisons its reader will get, and study.json under this code's rules."""
+    from analysis.report import report_tables
+
     text = _csv(table)
-    study = {"name": name, "axes": results.attrs.get("axes", []),
-             "seed_axes": results.attrs.get("seed_axes", []), "questions": questions,
+    study = {"name": name, "axes": table.attrs.get("axes", []),
+             "seed_axes": table.attrs.get("seed_axes", []), "questions": questions,
              "columns": {c: str(t) for c, t in table.dtypes.items()}, "rows": len(table),
-             "cells_sha256": hashlib.sha256(text.encode()).hexdigest()}
+             "cells_sha256": hashlib.sha256(text.encode()).hexdigest(), "rules": rules()}
     back = _read_cells(text, study, folder)  # what a reader will get: the report is computed from exactly that
     _, tests = report_tables(back, trained(back), _questions(questions))
     folder.mkdir(parents=True, exist_ok=True)
@@ -123,6 +150,16 @@ def ship(sweep_dir: str | Path, folder: str | Path, force: bool = False) -> list
     written[1].write_text(_comparisons_csv(tests))
     written[2].write_text(json.dumps(study, indent=1) + "\n")
     return written
+
+
+def restamp(folder: str | Path) -> list[Path]:
+    """Rewrite a shipped study's folder under this code's rules from its own files: the columns shipped under
+    another rule are dropped (never recomputed: their run files are not here), everything else kept as shipped."""
+    study = load_study(folder)
+    table = study.results.drop(columns=[c for c in ("variant", "variant_rank") if c in study.results])
+    table.attrs = dict(study.results.attrs)
+    questions = [dict(variant=q.variant, reference=q.reference, metric=q.metric) for q in study.questions]
+    return _write(Path(folder), table, study.name, questions)
 
 
 def _held_study(folder: Path) -> str | None:
@@ -184,6 +221,10 @@ def _study_problem(study: Any) -> str | None:
     digest = study.get("cells_sha256", "0" * 64)
     if not (isinstance(digest, str) and _SHA256.match(digest)):
         return f"field 'cells_sha256' is {digest!r}, not a sha256 in hex"
+    recorded = study.get("rules", {})
+    if not isinstance(recorded, dict) or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+                                                 for k, v in recorded.items()):
+        return f"field 'rules' is {recorded!r}, not a mapping of definition name to version number"
     return None
 
 
@@ -278,7 +319,12 @@ def load_study(folder: str | Path) -> Study:
         raise UserError(f"{folder}: a shipped file is damaged ({why}); {fix}") from None
     if (problem := _results_problem(results, study)) is not None:
         raise UserError(f"{folder / CELLS_FILE}: {problem}; {fix}")
-    return Study(study["name"], folder, results, _questions(study["questions"]), comparisons)
+    stale = _stale_columns(study, list(results.columns))
+    if stale:
+        attrs = dict(results.attrs)
+        results = results.drop(columns=stale)
+        results.attrs = attrs
+    return Study(study["name"], folder, results, _questions(study["questions"]), comparisons, stale)
 
 
 def study_tests(study: Study) -> list[pd.DataFrame]:
@@ -304,6 +350,9 @@ def rebuild(folder: str | Path) -> str:
           f"trained; no run directories). {len(variants)} variants: {', '.join(variants)}. Averaged over: "
           f"{', '.join(study.results.attrs['seed_axes']) or 'nothing (no seed axis)'}; the seed is the unit of "
           "every interval and test.", "", *machine_lines(cells), ""]
+    if study.stale:
+        md += [f"_Not shown: {', '.join(study.stale)}, shipped under an earlier definition of the task effective "
+               "lengths (windows pooled); ship the study again from its runs to read them._", ""]
     tables, tests = report_tables(study.results, cells, study.questions)
     return "\n".join([*md, *tables, *verdict_markdown(tests)])
 

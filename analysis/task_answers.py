@@ -2,10 +2,12 @@
 task evaluation, and the table docs/length-generalisation.md shows.
 
 `AnswerModel` takes the place of the Llama in `trainer.evals.tasks.evaluate_tasks` (greedy decoding with a KV cache
-and the lab's scoring): for each prompt it emits the example's own answer where `knows(distance)` holds, and a
+and the lab's scoring): for each prompt it emits the example's own answer where `knows(distance, prompt tokens)`
+holds, and a
 guess that knows the format elsewhere (the answer's own tokens in a random order: for copy and reverse, exactly the
-guess the chance floor describes). So an oracle (knows everything), a model that fails past distance D and one that
-never learned have known effective lengths, "learned" marks and chance-corrected token accuracies.
+guess the chance floor describes). So an oracle (knows everything), a model that fails past distance 2D in every
+window, one that fails in windows past 2x at every distance, and one that never learned have known effective
+lengths on distance and on position, "learned" marks and chance-corrected token accuracies.
 
 Regenerate the docs table: `python -m analysis.task_answers` (about a minute on one core).
 """
@@ -34,15 +36,16 @@ from trainer.evals.tasks_table import TASKS_FILE
 __all__ = ["FACTORS", "AnswerModel", "known_answer_cells", "known_answer_table", "score", "stability_table"]
 
 FACTORS = (1.0, 1.5, 2.0, 4.0, 8.0)  # the shipped studies' eval.tasks.length_factors
+Knows = Callable[[int, int], bool]  # (distance, prompt tokens) -> whether a stand-in answers that example
 
 
 class AnswerModel(torch.nn.Module):
-    """A stand-in decoder: the examples' own answers where `knows(distance)`, else a format guess (seeded by the
-    prompt), one token per decoding step; the interface `greedy_generate_batch` uses. The guess is one of the task's
-    possible answers at random where `guesses` lists them (token ids per task: a one-symbol answer), else the
-    answer's own tokens shuffled."""
+    """A stand-in decoder: the examples' own answers where `knows(distance, prompt tokens)`, else a format guess
+    (seeded by the prompt), one token per decoding step; the interface `greedy_generate_batch` uses. The guess is
+    one of the task's possible answers at random where `guesses` lists them (token ids per task: a one-symbol
+    answer), else the answer's own tokens shuffled."""
 
-    def __init__(self, examples: Sequence[TaskExample], vocab_size: int, knows: Callable[[int], bool],
+    def __init__(self, examples: Sequence[TaskExample], vocab_size: int, knows: Knows,
                  seed: int = 0, guesses: dict[str, list[list[int]]] | None = None) -> None:
         super().__init__()
         self.args = SimpleNamespace(n_layers=1)
@@ -51,7 +54,7 @@ class AnswerModel(torch.nn.Module):
         self.replies: dict[tuple[int, ...], list[int]] = {}
         for ex in examples:
             reply = list(ex.answer)
-            if not knows(ex.distance):
+            if not knows(ex.distance, len(ex.prompt)):
                 rng = np.random.default_rng([seed, zlib.crc32(np.asarray(ex.prompt, dtype=np.int64).tobytes())])
                 options = (guesses or {}).get(ex.task)
                 reply = list(options[rng.integers(len(options))]) if options else \
@@ -74,7 +77,7 @@ class AnswerModel(torch.nn.Module):
 
 
 def score(builder: TaskBuilder, tasks: Sequence[str], train_length: int, samples: int, seed: int,
-          knows: Callable[[int], bool], factors: Sequence[float] = FACTORS) -> TaskResult:
+          knows: Knows, factors: Sequence[float] = FACTORS) -> TaskResult:
     """The lab's task evaluation of an `AnswerModel` on the examples of (tasks, factors, samples, seed)."""
     examples = [ex for task in tasks for f in factors
                 for ex in task_examples(builder, task, round(train_length * f), samples, seed)]
@@ -85,7 +88,7 @@ def score(builder: TaskBuilder, tasks: Sequence[str], train_length: int, samples
 
 
 def known_answer_cells(builder: TaskBuilder, tasks: Sequence[str], train_length: int, samples: int,
-                       seeds: Sequence[int], models: dict[str, Callable[[int], bool]], out: Path) -> pd.DataFrame:
+                       seeds: Sequence[int], models: dict[str, Knows], out: Path) -> pd.DataFrame:
     """Cells as the report reads them (variant, theta, seed, run_dir, the task metrics), one per (model, seed), each
     run directory holding the tasks.parquet of its scored rows; efflen_<task> added by `with_effective_lengths`."""
     cells = []
@@ -107,9 +110,15 @@ def known_answer_table(builder: TaskBuilder, train_length: int, out: Path, task:
     chance-corrected (mean over the sets)."""
     trained = builder.max_distance(task, train_length + 1)
     reach = builder.max_distance(task, round(train_length * max(FACTORS)))
-    models = {"oracle": lambda d: True, "right to 2D, guesses past": lambda d: d <= 2 * trained,
-              "never learned (guesses)": lambda d: False}
-    truth = {"oracle": f"{reach / trained:.3g} (the longest evaluated)", "right to 2D, guesses past": "2",
+    window = 2 * train_length  # the position stand-in answers in windows up to 2x the train length
+    models: dict[str, Knows] = {"oracle": lambda d, n: True, "right to 2D, guesses past": lambda d, n: d <= 2 * trained,
+                                "right in windows to 2x, guesses in longer": lambda d, n: n <= window,
+                                "never learned (guesses)": lambda d, n: False}
+    top = f"{max(FACTORS):g}"
+    truth = {"oracle": f"{reach / trained:.3g} (the longest evaluated); position {top}",
+             "right to 2D, guesses past": f"2; position {top} (it fails by distance)",
+             "right in windows to 2x, guesses in longer": f"{builder.max_distance(task, window) / trained:.3g} (the "
+             "2x windows' longest, never crossed); position 2 (it fails by position)",
              "never learned (guesses)": "not learned"}
     rows = []
     for samples in sample_counts:
@@ -121,6 +130,7 @@ def known_answer_table(builder: TaskBuilder, train_length: int, out: Path, task:
             rows.append({
                 "model": name, "prompts per length": samples, "right answer": truth[name],
                 "effective length on distance (× trained distance)": _values(mine[f"efflen_{task}"]),
+                "on position (× train length)": _values(mine[f"poslen_{task}"]),
                 "by length factor, the old rule (× train length)": _values(
                     [effective_length(FACTORS, accs) for accs in by_factor]),
                 "learned": bool(learned.loc[name, "learned"]),
@@ -129,7 +139,7 @@ def known_answer_table(builder: TaskBuilder, train_length: int, out: Path, task:
     return pd.DataFrame(rows)
 
 
-def stability_table(trained: int, reaches: Sequence[int], sample_counts: Sequence[int] = (8, 16, 32, 64, 128),
+def stability_table(trained: int, reaches: dict[float, int], sample_counts: Sequence[int] = (8, 16, 32, 64, 128),
                     sets: int = 500, seed: int = 0) -> pd.DataFrame:
     """Per accuracy curve over distance: the share of `sets` simulated prompt sets that give the most common
     effective length, at each prompt count per evaluated length (`analysis.distance.stability`)."""
@@ -167,7 +177,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         table = known_answer_table(builder, 32, Path(tmp))
     print(table.to_markdown(index=False))
-    reaches = [builder.max_distance("copy", round(32 * f)) for f in FACTORS]
+    reaches = {f: builder.max_distance("copy", round(32 * f)) for f in FACTORS}
     print()
     print(stability_table(builder.max_distance("copy", 33), reaches).to_markdown(index=False))
 

@@ -42,6 +42,10 @@ def _plan(a: argparse.Namespace) -> int:
           f"{s['concurrent_here']} at once "
           f"on this machine; {s['total_steps']} optimizer steps in all; search={s['search']}, "
           f"scheduler={s['scheduler']}; writes to {s['dir']}")
+    if a.estimate:
+        from sweeps.estimate import estimate_line
+
+        print(estimate_line(plan))
     for note in plan.warnings:
         print(f"warning: {note}", file=sys.stderr)
     return 0
@@ -180,6 +184,8 @@ def sweep_main(argv: list[str]) -> int:
 
     q = spec_cmd("plan", "print the cells, trials run and saved, and resources without running")
     q.add_argument("--json", action="store_true")
+    q.add_argument("--estimate", action="store_true",
+                   help="also time a few training steps of each model shape here and print the sweep's estimated time")
     q.add_argument("--detect", type=float, default=None, metavar="DIFF",
                    help="print the seeds this plan needs to detect a difference DIFF in --metric (80%% power, after "
                         "the report's Holm correction), from the per-seed spread of --pilot")

@@ -15,8 +15,8 @@ from typing import NoReturn
 
 from hdrope.errors import UserError, one_line
 
-__all__ = ["BENCHES", "COMMANDS", "EXIT_INTERRUPTED", "EXIT_UNWRITTEN", "PLAN_CHECKS", "cli", "flush_streams", "main",
-           "plan_problems", "run_command"]
+__all__ = ["BENCHES", "COMMANDS", "EXIT_INTERRUPTED", "EXIT_UNWRITTEN", "PLAN_CHECKS", "PLAN_WARNINGS", "cli",
+           "flush_streams", "main", "plan_problems", "plan_warnings", "run_command"]
 
 # name -> (target, one-line help). Each package registers its own entries here by string only.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -49,6 +49,12 @@ BENCHES: dict[str, tuple[str, str]] = {
 # what a plan checks in another package, by string (spec key -> "module:function" taking the Plan, returning problems)
 PLAN_CHECKS: dict[str, str] = {
     "questions": "analysis.questions:plan_problems",  # declared questions name planned variants and metrics
+}
+
+
+# what a plan warns of from another package, by string (spec key -> "module:function" taking the Plan, returning lines)
+PLAN_WARNINGS: dict[str, str] = {
+    "questions": "analysis.questions:plan_warnings",  # a declared family its seeds can never mark
 }
 
 
@@ -87,6 +93,11 @@ def run_command(name: str, argv: list[str]) -> int:
 def plan_problems(plan) -> list[str]:
     """The problems PLAN_CHECKS find in a plan, for each spec key that is set (imported only then)."""
     return [p for key, target in PLAN_CHECKS.items() if getattr(plan.spec, key, None) for p in _load(target)(plan)]
+
+
+def plan_warnings(plan) -> list[str]:
+    """The warnings PLAN_WARNINGS give for a plan, for each spec key that is set (imported only then)."""
+    return [w for key, target in PLAN_WARNINGS.items() if getattr(plan.spec, key, None) for w in _load(target)(plan)]
 
 
 def bench_main(argv: list[str]) -> int:

@@ -25,9 +25,9 @@ from hdrope.errors import UserError
 from trainer.config import RunConfig, validation_windows
 from trainer.model.position import encoding_frequencies, encoding_identity, encoding_lengths
 
-__all__ = ["DETECT_FRACTION", "MAX_WINDOW_SE", "MIN_FREQUENCIES", "PAIRED_WINDOW_SD", "design_warnings",
-           "evaluated_lengths", "frequency_warnings", "length_warnings", "paired_window_sd", "starved_periods",
-           "window_warning", "windows_needed"]
+__all__ = ["DETECT_FRACTION", "MAX_WINDOW_SE", "MIN_FREQUENCIES", "PAIRED_WINDOW_SD", "SMALLEST_BREAK_128",
+           "design_warnings", "evaluated_lengths", "frequency_warnings", "length_warnings", "paired_window_sd",
+           "starved_periods", "window_warning", "windows_needed"]
 
 # Below 4 distinct frequencies the ladder's periods are more than θ^(1/4) apart (10x at θ 10⁴): HD-RoPE at 8D and
 # head_dim 16 keeps 2 (periods 6.3 and 628 tokens), with nothing near a train length of 128 (issue 33 §6).
@@ -43,6 +43,10 @@ MAX_WINDOW_SE = 0.0075
 # by at most half of D. The windows are the same for every seed, so their error is shared by all seeds and more seeds
 # do not average it away.
 DETECT_FRACTION = 0.25
+# The smallest break (nats, a step at 2.5 L) the paired loss effective length finds in 80% of window sets at 128
+# windows at 4x on the quickstart design, simulated on the real per-window noise of its RoPE and 4D identity models
+# (`analysis.loss_power`, docs/length-generalisation.md, "How small a break it finds"; a test ties these to it).
+SMALLEST_BREAK_128 = {"RoPE": 0.25, "4D identity": 0.35}
 
 
 def evaluated_lengths(cfg: RunConfig) -> list[int]:
@@ -143,7 +147,11 @@ def window_warning(cfg: RunConfig, detect: float | None = None) -> str | None:
     advice = 2 ** math.ceil(math.log2(max(need for _, _, need in short)))
     return (f"too few validation windows for a paired comparison: scored {scored}; the window noise of a paired "
             f"difference reaches {worst:.3g} nats (measured per-window spread / √windows), over {bound}, and the "
-            f"windows are shared by every seed, so more seeds do not average it away; set eval.windows={advice}")
+            f"windows are shared by every seed, so more seeds do not average it away; set eval.windows={advice} "
+            f"(even at 128 the paired loss effective length finds only breaks of "
+            f"{' to '.join(f'+{v:.2f}' for v in sorted(SMALLEST_BREAK_128.values()))} nats at 4x in 80% of window "
+            "sets, "
+            f"on the noise of the quickstart's {' and '.join(SMALLEST_BREAK_128)}; fewer windows, only larger ones)")
 
 
 class PlannedCell(Protocol):

@@ -17,7 +17,7 @@ from trainer.config import RunConfig, validation_windows
 from trainer.model.position import step_cost_key
 from trainer.model.throughput import param_count
 
-__all__ = ["estimate_sweep", "estimate_text"]
+__all__ = ["estimate_line", "estimate_sweep", "estimate_text"]
 
 FORWARD_SHARE = 1 / 3  # a forward pass costs about a third of a training step (forward + backward + update)
 TRIAL_OVERHEAD_S = 6.0  # data, model and checkpoint set-up, dumps and reporting per trial (hdrope bench sweep)
@@ -88,15 +88,20 @@ def estimate_text(plan: Plan) -> str:
              f"({s['trials_saved']} saved by dedup), {s['concurrent_here']} at once here "
              f"({s['per_trial']['cpus']} CPU / {s['per_trial']['gpus']} GPU each), {s['total_steps']} steps in all; "
              f"writes to {s['dir']}"]
+    return "\n".join([*lines, estimate_line(plan)])
+
+
+def estimate_line(plan: Plan) -> str:
+    """One line: the plan's estimated time here (with the step times it measured), or why it is not estimated."""
     est = estimate_sweep(plan)
     if "reason" in est:
-        lines.append(f"estimated time: not estimated ({est['reason']})")
-    else:
-        steps = ", ".join(f"{v * 1e3:.0f}" for v in est["step_s"])
-        lines.append(f"estimated time: about {_duration(est['total_s'])} (measured {steps} ms per training step; "
-                     f"each trial about {_duration(max(est['per_trial_s']))})")
-    return "\n".join(lines)
+        return f"estimated time: not estimated ({est['reason']})"
+    steps = ", ".join(f"{v * 1e3:.0f}" for v in est["step_s"])
+    return (f"estimated time: about {_duration(est['total_s'])} (measured {steps} ms per training step; "
+            f"each trial about {_duration(max(est['per_trial_s']))})")
 
 
 def _duration(seconds: float) -> str:
+    if seconds >= 3 * 3600:
+        return f"{seconds / 3600:.0f} h"
     return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"

@@ -379,4 +379,7 @@ def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
                      "run these trials; submit the sweep to a cluster with GPUs (--address)")
     plan = Plan(spec, cells, root, notes)
     plan.warnings += design_warnings(plan.cells, plan.compares)  # what the design cannot measure (docs/sweeps.md)
+    from sweeps.console import plan_warnings
+
+    plan.warnings += plan_warnings(plan)  # what other packages find it cannot answer (the declared questions)
     return plan

@@ -5,7 +5,10 @@ counts the shipped studies use (tasks_compact: 32, lengthgen_compact: 64) on 8 i
 - an oracle: exact match 1 in every distance bin, effective length at the longest evaluated distance;
 - right up to distance 2D (D: the longest distance trained on), a format guess past it: effective length 2;
 - never learned (format guesses everywhere): "not learned", chance-corrected token accuracy about 0 where the raw
-  token accuracy sits at its floor (1/span = 0.25).
+  token accuracy sits at its floor (1/span = 0.25);
+- right in windows up to 2x at every distance, a guess in longer windows (issue 47 case 37): position effective
+  length 2, and on distance nothing crossed (at least 2) where the "to 2D" model, which fails by distance, reads
+  position 8.
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ def builder(shakespeare):
 def scored(builder, tmp_path_factory):
     """prompts -> cells of the three stand-ins (8 prompt sets each), efflen_copy from the report's analysis."""
     trained = builder.max_distance(TASK, TRAIN_LENGTH + 1)
-    models = {"oracle": lambda d: True, "to 2D": lambda d: d <= 2 * trained, "guesser": lambda d: False}
+    window = round(TRAIN_LENGTH * 2)  # prompts of windows up to 2x the train length
+    models = {"oracle": lambda d, n: True, "to 2D": lambda d, n: d <= 2 * trained, "guesser": lambda d, n: False,
+              "to 2x windows": lambda d, n: n <= window}
     root = tmp_path_factory.mktemp("known-answers")
     return {n: known_answer_cells(builder, [TASK], TRAIN_LENGTH, n, SETS, models, root) for n in PROMPTS}
 
@@ -95,13 +100,18 @@ def test_the_report_tables_show_distance_bins_past_training_and_not_learned(scor
     cells = scored[32]
     rows = task_rows(cells)
     grid = distance_grid(cells, rows, {("guesser", -1.0)})
-    assert list(grid.index) == ["oracle", "to 2D", "guesser"]
+    windows = [f"{f:g}x" for f in FACTORS]
+    assert list(grid.index) == [f"{m} · {w}" for m in ["oracle", "to 2D", "guesser", "to 2x windows"] for w in windows]
     assert grid.columns[0] == "≤1× (0–22)" and all(c.endswith("†") for c in grid.columns[1:])
-    assert (grid.loc["guesser"] == "not learned").all()
-    assert grid.loc["oracle"].str.match(r"(\d+)/\1 = 100%").all()
+    assert (grid.loc[[f"guesser · {w}" for w in windows]] == "not learned").all().all()
+    oracle = grid.loc[[f"oracle · {w}" for w in windows]].stack()
+    assert oracle[oracle != "—"].str.match(r"(\d+)/\1 = 100%").all()
+    assert (grid.loc["oracle · 1x"].iloc[1:] == "—").all()  # a 1x window holds no distance past the trained one
     assert grid.columns[-1] == "8–11.1× (177–245) †"  # the last bin ends at the longest evaluated distance
-    skill = grid.loc["to 2D"].str.extract(r"skill (-?[0-9.]+)")[0].astype(float)
+    skill = grid.loc["to 2D · 8x"].str.extract(r"skill (-?[0-9.]+)")[0].astype(float)
     assert (skill.iloc[:3] == 1.0).all() and (skill.iloc[3:].abs() < 0.15).all()
+    near = grid.loc[[f"to 2x windows · {w}" for w in windows], "≤1× (0–22)"].str.extract(r"= (\d+)%")[0].astype(int)
+    assert list(near)[:3] == [100] * 3 and (near.iloc[3:] < 15).all()  # near answers fail in long windows
     notes = " ".join(distance_notes(rows))
     assert "22 tokens" in notes and "floor 0.25" in notes
 
@@ -126,3 +136,15 @@ def test_each_example_records_the_gap_from_its_earliest_needed_insert_to_the_que
         assert 0 <= ex.distance <= builder.max_distance(task, 96)
     trained = builder.max_distance(task, TRAIN_LENGTH + 1)
     assert trained > 0 and not math.isnan(builder.floor(task)) and 0 < builder.floor(task) < 1
+
+
+@pytest.mark.parametrize("prompts", PROMPTS)
+def test_failure_by_position_and_by_distance_each_read_as_such(scored, prompts):
+    cells = scored[prompts]
+    by_window, by_distance = _sets(cells, "to 2x windows"), _sets(cells, "to 2D")
+    assert by_window["poslen_copy"].tolist() == [2.0] * len(SETS)
+    assert (by_window["efflen_copy"] >= 2.0).all(), by_window["efflen_copy"].tolist()
+    assert by_distance["poslen_copy"].tolist() == [max(FACTORS)] * len(SETS)
+    assert by_distance["efflen_copy"].tolist() == [2.0] * len(SETS)
+    assert _sets(cells, "oracle")["poslen_copy"].tolist() == [max(FACTORS)] * len(SETS)
+    assert _sets(cells, "guesser")["poslen_copy"].isna().all()  # not learned: no value

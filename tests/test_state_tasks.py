@@ -108,8 +108,8 @@ def test_an_oracle_scores_1_and_a_format_guess_scores_the_chance_floor(builder, 
     the task's floor within 4 binomial standard errors (a one-symbol answer: one of the task's answers at random;
     else the answer's symbols shuffled), and its chance-corrected token accuracy is about 0."""
     samples, train = 256, 48
-    oracle = score(builder, [task], train, samples, seed=1, knows=lambda d: True, factors=(1.0,))
-    guess = score(builder, [task], train, samples, seed=1, knows=lambda d: False, factors=(1.0,))
+    oracle = score(builder, [task], train, samples, seed=1, knows=lambda d, n: True, factors=(1.0,))
+    guess = score(builder, [task], train, samples, seed=1, knows=lambda d, n: False, factors=(1.0,))
     assert oracle.metrics[task_metric("acc", task, 1.0)] == 1.0
     floor = builder.floor(task)
     tokacc = guess.metrics[task_metric("tokacc", task, 1.0)]
@@ -128,12 +128,12 @@ def test_the_hard_subset_score_counts_the_examples_with_trailing_ignores(builder
     for seed in range(8):
         hard = sum(TASKS[task].hard(ex.params) for ex in task_examples(builder, task, train, samples, seed))
         assert 60 < hard < 150, (seed, hard)
-        oracle = score(builder, [task], train, samples, seed, knows=lambda d: True, factors=[1.0]).metrics
+        oracle = score(builder, [task], train, samples, seed, knows=lambda d, n: True, factors=[1.0]).metrics
         assert oracle[f"hardn_{task}_x1"] == hard and oracle[f"hardacc_{task}_x1"] == 1.0, seed
-        guess = score(builder, [task], train, samples, seed, knows=lambda d: False, factors=[1.0]).metrics
+        guess = score(builder, [task], train, samples, seed, knows=lambda d, n: False, factors=[1.0]).metrics
         assert guess[f"hardn_{task}_x1"] == hard, seed
         assert abs(guess[f"hardacc_{task}_x1"] - 0.5) < 4 * np.sqrt(0.25 / hard), (seed, guess[f"hardacc_{task}_x1"])
-    parity = score(builder, ["parity"], train, 8, 5, knows=lambda d: True, factors=[1.0]).metrics
+    parity = score(builder, ["parity"], train, 8, 5, knows=lambda d, n: True, factors=[1.0]).metrics
     assert "hardacc_parity_x1" not in parity  # only a task with a shortcut subset has one
 
 

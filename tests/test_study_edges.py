@@ -453,3 +453,75 @@ def test_sizing_with_declared_questions_judges_the_windows_against_the_differenc
     done = hdrope_here(["seeds", str(path), "--detect", "0.01", "--pilot", str(pilot)])
     assert done.returncode == 0, done.stderr
     assert "declared family" in done.stdout and "warning:" in done.stderr and "window" in done.stderr
+
+
+# --- derived numbers of shipped studies ----------------------------------------------------------------------------
+
+def test_a_shipped_task_effective_length_is_kept_not_recomputed_by_the_old_rule():
+    """Cells without run files (shipped results) carry their effective lengths; the report read them through the
+    length-factor rule of runs that predate distances instead (in train lengths, labelled as on distance)."""
+    from analysis.lengthgen import with_effective_lengths
+    from analysis.variants import trained
+    from tests.test_edges_b import _results
+
+    rows = [("rope", {}, 1e4, s, 2.0) for s in (1, 2, 3)]
+    shipped = {"acc_copy_x1": 1.0, "acc_copy_x2": 1.0, "acc_copy_x4": 0.0, "n_copy_x1": 32, "n_copy_x2": 32,
+               "n_copy_x4": 32, "efflen_copy": [1.0, 1.25, 1.5], "poslen_copy": [2.0, 2.0, 4.0]}
+    cells = trained(_results(rows)).drop(columns="run_dir", errors="ignore").assign(**shipped)
+    got = with_effective_lengths(cells)
+    assert got["efflen_copy"].tolist() == [1.0, 1.25, 1.5] and got["poslen_copy"].tolist() == [2.0, 2.0, 4.0]
+
+
+def test_a_declared_question_without_data_still_counts_in_the_family():
+    """A study declared two questions; one lost its data. The other is still corrected over two, as declared (it
+    was corrected over one)."""
+    from analysis.questions import declared_family
+    from analysis.variants import trained
+    from sweeps.spec import Question
+    from tests.test_edges_b import _results
+
+    rows = [("rope", {}, 1e4, s, 2.0 + 0.01 * s) for s in range(1, 9)]
+    rows += [("hdrope", PALEY, 1e4, s, 2.5 + 0.02 * s) for s in range(1, 9)]
+    cells = trained(_results(rows))
+    asked = [Question("4D Paley", "RoPE", "val_loss"), Question("4D Paley", "RoPE", "efflen_copy")]
+    family, missing = declared_family(cells, asked)
+    alone, _ = declared_family(cells, asked[:1])
+    assert len(missing) == 1 and len(family) == 1
+    assert family["family"].iloc[0] == 2 and alone["family"].iloc[0] == 1
+    assert family["p_adj"].iloc[0] == pytest.approx(2 * alone["p_adj"].iloc[0])
+
+
+def test_a_study_shipped_under_an_earlier_effective_length_rule_is_read_without_those_columns(tmp_path):
+    """The task effective lengths changed definition (windows read apart, issue 47 case 37): a study that records
+    the earlier rule (or none) keeps its cells, loses those columns, and its rebuilt report says so."""
+    folder = _copy("lengthgen_compact", tmp_path / "study")
+    study_json = json.loads((folder / STUDY_FILE).read_text())
+    study_json["rules"] = {"task_effective_length": 1}
+    study_json["columns"]["efflen_copy"] = "float64"  # as the study was shipped under the earlier rule
+    (folder / STUDY_FILE).write_text(json.dumps(study_json))
+    lines = (folder / CELLS_FILE).read_text().splitlines()
+    (folder / CELLS_FILE).write_text("\n".join([lines[0] + ",efflen_copy", *(f"{r},1.5" for r in lines[1:])]) + "\n")
+    study = load_study(folder)
+    assert study.stale == ["efflen_copy"]
+    assert not set(study.stale) & set(study.results.columns) and "efflen_loss" in study.results
+    assert "shipped under an earlier definition of the task effective lengths" in rebuild(folder)
+    study_json["rules"] = {"task_effective_length": "two"}
+    (folder / STUDY_FILE).write_text(json.dumps(study_json))
+    with pytest.raises(UserError, match="field 'rules'"):
+        load_study(folder)
+
+
+def test_a_loss_file_scored_on_one_window_has_empty_standard_errors_and_reads(tmp_path):
+    """One validation window has no spread: its standard errors are empty, which the reader accepted nowhere (a tiny
+    sweep's own files were refused as damaged)."""
+    import numpy as np
+
+    from trainer.evals.position_loss import PositionLoss, read_position_loss, write_position_loss
+
+    full = {f: PositionLoss(np.full(16 * f, 2.0), np.full(16 * f, 1), np.full((1, 16 * f), 2.0),
+                            np.full((1, 16 * f), 3.0)) for f in (1, 2)}
+    limited = {2: PositionLoss(np.full(32, 2.1), np.full(32, 1), np.full((1, 32), 2.1))}
+    path = tmp_path / "position_loss.parquet"
+    write_position_loss(full, 4, "linear", path, limited=limited, train_length=16)
+    table = read_position_loss(path).to_pandas()
+    assert (table["windows"] == 1).all() and table["diff_se"].isna().any()

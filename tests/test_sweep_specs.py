@@ -179,8 +179,23 @@ def _field(config, dotted: str):
     return config
 
 
+# what each kind of plan warning says (sweeps.plan, sweeps.design_warnings, analysis.questions); a shipped spec's
+# header names each kind its plan gives as `# plan warning (<kind>): why` (docs/sweeps.md, "Design warnings")
+WARNING_KINDS = {"frequencies": "distinct frequenc", "windows": "too few validation windows",
+                 "lengths": "at or beyond every evaluated length", "gpu": "this machine has no GPU",
+                 "questions": "questions: the declared family", "asha": "scheduler=asha"}
+
+
+def _warning_kind(text: str) -> str:
+    kinds = [k for k, said in WARNING_KINDS.items() if said in text]
+    assert len(kinds) == 1, f"a plan warning of no known kind (add it to WARNING_KINDS): {text}"
+    return kinds[0]
+
+
 @pytest.mark.parametrize("path", SHIPPED)
 def test_shipped_specs_validate(path):
+    """Every shipped spec plans, each cell carries its axis values, and each kind of warning its plan gives is
+    explained in its header (`# plan warning (<kind>): ...`), with no header line for a warning it does not give."""
     from sweeps.plan import ALIASES
 
     plan = prepare(str(REPO / path))
@@ -191,6 +206,25 @@ def test_shipped_specs_validate(path):
             if isinstance(v, dict):
                 got = {key: _field(got, key) for key in v}
             assert got == v, (c.cell_id, k)
+    given = {_warning_kind(w) for w in plan.warnings} - {"gpu"}
+    if plan.spec.resources.gpus or plan.spec.resources.gpus_per_worker:  # warned of only where no GPU is
+        given.add("gpu")
+    text = (REPO / path).read_text()
+    header = text[:text.index("\nname:")]
+    said = set(re.findall(r"^# plan warning \((\w+)\): \S", header, re.M))
+    assert said == given, (f"{path}: its plan warns of {sorted(given)}, its header explains {sorted(said)}",
+                           plan.warnings)
+
+
+def test_plan_warns_when_the_declared_family_can_mark_nothing():
+    """36 comparisons (6 questions at 6 θ) need 11 paired seeds before Holm can mark one; 3 are refused with that
+    number, and at 11 the warning is gone."""
+    spec = "sweeps/paper_grid.yaml"
+    three = prepare(str(REPO / spec), ["axes.seed=[42,43,44]"])
+    said = [w for w in three.warnings if w.startswith("questions:")]
+    assert len(said) == 1 and "36 comparisons" in said[0] and "3 paired seeds" in said[0], three.warnings
+    assert "p ≥ 0.25" in said[0] and "11 or more shared seeds" in said[0]
+    assert not [w for w in prepare(str(REPO / spec)).warnings if w.startswith("questions:")]
 
 
 def test_empty_spec_and_overrides_with_interpolations_exit_2(tmp_path, capsys, monkeypatch):

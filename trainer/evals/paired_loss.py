@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-__all__ = ["context_gain", "paired_bins", "unigram_surprisal"]
+__all__ = ["context_gain", "paired_bins", "unigram_surprisal", "window_differences"]
 
 
 def _mean_se(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -26,14 +26,20 @@ def _mean_se(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean, values.std(axis=0, ddof=1) / math.sqrt(len(values))
 
 
+def window_differences(full: np.ndarray, limited: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """d[w, b]: window w's mean over bin b (first positions `starts`) of its full-context loss minus its
+    limited-context loss, from per-window losses (windows × positions)."""
+    if full.shape != limited.shape:
+        raise ValueError("paired_bins: both losses need per-window rows of the same windows")
+    widths = np.diff(np.append(starts, full.shape[1]))
+    return np.add.reduceat(full - limited, starts, axis=1) / widths
+
+
 def paired_bins(full: np.ndarray, limited: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     """Per bin (first positions `starts`) of per-window losses (windows × positions) with the full context and with
     the limited one: the mean over windows of their difference, its standard error over windows, and the number of
     windows."""
-    if full.shape != limited.shape:
-        raise ValueError("paired_bins: both losses need per-window rows of the same windows")
-    widths = np.diff(np.append(starts, full.shape[1]))
-    d = np.add.reduceat(full - limited, starts, axis=1) / widths
+    d = window_differences(full, limited, starts)
     mean, se = _mean_se(d)
     return mean, se, len(d)
 

@@ -179,7 +179,7 @@ _PAIRED_VALUES: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {
 
 def _paired_problem(table: pa.Table) -> str | None:
     """What is wrong with a version-2 file's paired columns: one missing or not numbers, a group half empty in a row
-    (a difference without its standard error), or a value out of its range."""
+    (a difference without its standard error, unless the row scored one window), or a value out of its range."""
     missing = [c for c in PAIRED_COLUMNS if c not in table.column_names]
     if missing:
         return f"a version-{POSITION_LOSS_VERSION} file without its paired columns {missing}"
@@ -189,8 +189,10 @@ def _paired_problem(table: pa.Table) -> str | None:
         if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type) or pa.types.is_null(column.type)):
             return f"column {name} is stored as {column.type}, not as numbers"
         values[name] = np.asarray(column.to_pandas(), dtype=np.float64)  # empty -> nan
+    single = values["windows"] < 2  # one window has no spread: its standard errors are empty, and rightly so
     for group in _PAIRED_GROUPS:
-        present = np.stack([~np.isnan(values[c]) for c in group])
+        measured = ~np.isnan(values[group[0]])
+        present = np.stack([~np.isnan(values[c]) | (single & measured & c.endswith("_se")) for c in group])
         half = present.any(axis=0) & ~present.all(axis=0)
         if half.any():
             row = int(np.flatnonzero(half)[0])
@@ -198,6 +200,7 @@ def _paired_problem(table: pa.Table) -> str | None:
             return f"row {row} has {', '.join(c for c in group if c not in empty)} but {', '.join(empty)} is empty"
         for name in group:
             v = values[name][present[0]]
+            v = v[~np.isnan(v)] if name.endswith("_se") else v  # (empty only where one window was scored)
             rule, ok = _PAIRED_VALUES[name]
             bad = ~ok(v)
             if bad.any():
