@@ -98,7 +98,18 @@ def _declared(study: Study, metric: str | None = None) -> str:
     """The marked comparisons: the declared questions (Holm over them), or every table's comparisons when the
     study declared none."""
     rows = _comparisons(study, metric)
-    return _rows_table(study, rows[rows["correction"] != EXPLORATORY] if len(rows) else rows, corrected=True)
+    table = _rows_table(study, rows[rows["correction"] != EXPLORATORY] if len(rows) else rows, corrected=True)
+    return "\n".join([table, *_unanswered(study, rows, metric)])
+
+
+def _unanswered(study: Study, rows: pd.DataFrame, metric: str | None) -> list[str]:
+    """A row for each declared question (on `metric`, when given) without a comparison in the shipped file: it
+    still counts in the family's correction."""
+    have = {(r["metric"], r["variant"], r["reference"]) for _, r in rows.iterrows()} if len(rows) else set()
+    lost = [q for q in study.questions if (q.metric, q.variant, q.reference) not in have
+            and (metric is None or q.metric == metric)]
+    return [f"| `{q.metric}` | | {q.variant} | | {q.reference} | | not answered: no value in the shipped cells | | "
+            "| | counted in the family |" for q in lost]
 
 
 def _exploratory(study: Study, metric: str | None = None) -> str:

@@ -47,7 +47,7 @@ def load_length_bench(folder: Path) -> dict[str, Any]:
     fix = "re-run `hdrope bench length --json` into it"
     try:
         res = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError) as err:  # missing, unreadable or damaged JSON
         raise UserError(f"{path}: not a readable JSON file ({type(err).__name__}); {fix}") from None
     if not isinstance(res, dict):
         raise UserError(f"{path}: holds a {type(res).__name__}, not a bench result; {fix}")

@@ -304,7 +304,7 @@ def load_study(folder: str | Path) -> Study:
     fix = "ship it again with `hdrope report NAME --ship FOLDER`"
     try:
         study = json.loads((folder / STUDY_FILE).read_text())
-    except ValueError as err:
+    except ValueError as err:  # a damaged study.json
         raise UserError(f"{folder / STUDY_FILE}: not readable JSON ({err}); {fix}") from None
     if (problem := _study_problem(study)) is not None:
         raise UserError(f"{folder / STUDY_FILE}: {problem}; {fix}")

@@ -114,7 +114,7 @@ def read_window_noise(path: Path = NOISE_FILE) -> list[WindowNoise]:
         meta = json.loads((table.schema.metadata or {})[b"hdrope.window_noise"])
         train_length, length, windows = int(meta["train_length"]), int(meta["length"]), int(meta["windows"])
         sets = int(meta["sets"])
-    except (KeyError, ValueError, TypeError) as err:
+    except (KeyError, ValueError, TypeError) as err:  # metadata absent, damaged or mistyped
         raise _refuse(path, f"its hdrope.window_noise metadata is missing or incomplete ({err})") from err
     if meta.get("version") != VERSION:
         raise _refuse(path, f"version {meta.get('version')!r}, this reader reads {VERSION!r}")

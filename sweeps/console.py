@@ -16,7 +16,7 @@ from typing import NoReturn
 from hdrope.errors import UserError, one_line
 
 __all__ = ["BENCHES", "COMMANDS", "EXIT_INTERRUPTED", "EXIT_UNWRITTEN", "PLAN_CHECKS", "PLAN_WARNINGS", "cli",
-           "flush_streams", "main", "plan_problems", "plan_warnings", "run_command"]
+           "flush_streams", "main", "plan_findings", "run_command"]
 
 # name -> (target, one-line help). Each package registers its own entries here by string only.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -90,14 +90,13 @@ def run_command(name: str, argv: list[str]) -> int:
     return int(_load(COMMANDS[name][0])(argv) or 0)
 
 
-def plan_problems(plan) -> list[str]:
-    """The problems PLAN_CHECKS find in a plan, for each spec key that is set (imported only then)."""
-    return [p for key, target in PLAN_CHECKS.items() if getattr(plan.spec, key, None) for p in _load(target)(plan)]
-
-
-def plan_warnings(plan) -> list[str]:
-    """The warnings PLAN_WARNINGS give for a plan, for each spec key that is set (imported only then)."""
-    return [w for key, target in PLAN_WARNINGS.items() if getattr(plan.spec, key, None) for w in _load(target)(plan)]
+def plan_findings(plan) -> tuple[list[str], list[str]]:
+    """The problems PLAN_CHECKS find in a plan and, when there are none, the warnings PLAN_WARNINGS give, for each
+    spec key that is set (each imported only then)."""
+    problems = [p for key, target in PLAN_CHECKS.items() if getattr(plan.spec, key, None) for p in _load(target)(plan)]
+    if problems:
+        return problems, []
+    return [], [w for key, target in PLAN_WARNINGS.items() if getattr(plan.spec, key, None) for w in _load(target)(plan)]
 
 
 def bench_main(argv: list[str]) -> int:
@@ -197,7 +196,7 @@ def flush_streams(code: int) -> int:
         pass
     try:
         sys.stderr.flush()
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # stderr closed too
         pass
     return code
 

@@ -358,10 +358,11 @@ def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
                 except UserError as err:
                     errs = [str(err).split(": ", 1)[-1]]
                 problems.extend(f"search.space.{key}={value!r}: {e}" for e in errs)
-    if not problems:  # checks other packages own (the declared questions), on the resolved cells
-        from sweeps.console import plan_problems
+    found: list[str] = []
+    if not problems:  # checks and warnings other packages own (the declared questions), on the resolved cells
+        from sweeps.console import plan_findings
 
-        problems = plan_problems(Plan(spec, cells, root))
+        problems, found = plan_findings(Plan(spec, cells, root))
     if problems:
         raise SpecError(source, problems)
     first: dict[str, str] = {}
@@ -379,7 +380,5 @@ def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
                      "run these trials; submit the sweep to a cluster with GPUs (--address)")
     plan = Plan(spec, cells, root, notes)
     plan.warnings += design_warnings(plan.cells, plan.compares)  # what the design cannot measure (docs/sweeps.md)
-    from sweeps.console import plan_warnings
-
-    plan.warnings += plan_warnings(plan)  # what other packages find it cannot answer (the declared questions)
+    plan.warnings += found  # what other packages find it cannot answer (the declared questions)
     return plan

@@ -81,6 +81,8 @@ def _init_ray(address: str | None, spec: SweepSpec) -> bool:
     if os.environ.get("HDROPE_RAY_TMPDIR"):
         kwargs["_temp_dir"] = os.environ["HDROPE_RAY_TMPDIR"]
     kwargs["include_dashboard"] = False  # half of an embedded start (docs/sweeps.md); a cluster keeps its own
+    # without a dashboard there is no State API, which Ray Train's cleaner polls and says so once a second
+    kwargs["runtime_env"] = {"worker_process_setup_hook": "sweeps.ray_quiet.quiet_train_cleaner"}
     start_watchdog()
     try:
         with loopback_ray() as loopback, signals_held():

@@ -87,7 +87,10 @@ def test_the_shipped_length_study_quotes_its_declared_questions_from_its_files()
     text = (REPO / "docs/length-generalisation.md").read_text()
     assert "<!-- not-shipped:lengthgen_compact -->" not in text
     assert "<!-- results:lengthgen_compact:declared -->" in text
-    assert "| `efflen_copy` | θ=10000 | ALiBi |" in render("lengthgen_compact", "declared")
+    declared = render("lengthgen_compact", "declared")
+    assert "| `efflen_loss` | θ=10000 | 4D identity |" in declared
+    # scored under the first task effective-length rule: its copy questions are shown unanswered, yet counted
+    assert declared.count("not answered: no value in the shipped cells") == 3 and "| 0.010 | * |" in declared
     assert "`val_loss_x8`" in render("lengthgen_compact", "exploratory-val_loss_x8")
     with pytest.raises(UserError, match="compares no metric 'val_loss_x16'"):
         render("lengthgen_compact", "exploratory-val_loss_x16")

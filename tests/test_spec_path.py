@@ -92,6 +92,6 @@ def test_a_spec_is_planned_once_and_returns_to_no_module_it_left_but_the_config_
     returns = [m for i, m in enumerate(visits) if m in visits[:i]]
     # the one return: the spec's YAML is checked for interpolations by the rule every config YAML obeys
     # (trainer/presets.py), and its layers are merged into cells by the same module
-    assert returns == ["trainer/presets.py"], visits
+    assert returns == ["trainer/presets.py"], " > ".join(visits)
     assert visits[0] == "sweeps/runner.py" and visits[-1] == "sweeps/trainable.py"
     assert sum(f == "merge_config" for _, f in steps) == 1  # each cell is merged once, at planning

@@ -8,6 +8,7 @@ All marked slow: `.ci/run` runs them; deselect locally with -m 'not slow'.
 import json
 import os
 import re
+import secrets
 import socket
 import subprocess
 import sys
@@ -114,7 +115,11 @@ def mlflow_server(tmp_path_factory):
 
 
 def test_two_node_cluster_runs_a_submitted_sweep(tmp_path, cache_dir):
-    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    # a token of the test's own: a clean machine has no ~/.ray/auth_token, and `ray start` makes none
+    token = tmp_path / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    env.pop("RAY_AUTH_TOKEN", None)
     gcs, dash = free_port(), free_port()
     head_dir, worker_dir = tempfile.mkdtemp(prefix="hdrh-"), tempfile.mkdtemp(prefix="hdrw-")
     repo = Path(__file__).resolve().parent.parent

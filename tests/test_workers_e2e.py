@@ -72,6 +72,9 @@ def test_a_two_worker_cell_runs_as_ray_train_inside_tune_and_a_killed_worker_res
     finally:
         proc.kill()
     assert proc.returncode == 0, out[-3000:]
+    # issue 47 case 30: Ray Train's placement-group cleaner polled the State API an embedded Ray does not serve, and
+    # said so once a second for the whole run
+    assert "Failed to query Ray Train Controller" not in out, out[-3000:]
     seconds = time.monotonic() - t0
     cells = sorted(p.name for p in (root / "cells").iterdir())
     assert cells == [killed.name]

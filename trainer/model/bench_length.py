@@ -16,6 +16,7 @@ import ctypes
 import json
 import math
 import multiprocessing as mp
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -100,9 +101,11 @@ def memory_slope(lengths: list[int], memory: list[float]) -> float:
 
 def run_length_bench(preset: str = "compact", lengths: tuple[int, ...] = DEFAULT_LENGTHS,
                      kinds: tuple[str, ...] = (), rounds: int = 2, batch: int = 1, threads: int = 1,
-                     device: str = "cpu", memory: bool = True, progress: Callable[[str], None] | None = None) -> dict:
+                     device: str = "cpu", memory: bool = True, progress: Callable[[str], None] | None = None,
+                     done: Callable[[dict], None] | None = None) -> dict:
     """Step time and peak memory of every kind (or `kinds`, RoPE always among them) at each length, with ratios to
-    RoPE's at the same length and each kind's memory slope; the machine and versions alongside."""
+    RoPE's at the same length and each kind's memory slope; the machine and versions alongside. `done`, when given,
+    receives the results of the lengths measured so far after each length, so a stopped run keeps them."""
     names = list(dict.fromkeys(["rope", *(kinds or sorted(POSITION_ENCODINGS))]))
     unknown = [k for k in names if k not in POSITION_ENCODINGS]
     if unknown:
@@ -137,11 +140,18 @@ def run_length_bench(preset: str = "compact", lengths: tuple[int, ...] = DEFAULT
         for r in rows[-len(names):]:
             r["mfu_vs_rope"] = r["mfu"] / rope_mfu
         say(f"length {seq}: done in {time.perf_counter() - t0:.0f} s")
+        if done is not None:
+            done(_results(preset, batch, threads, dev, rounds, lengths[:lengths.index(seq) + 1], names, rows))
+    return _results(preset, batch, threads, dev, rounds, lengths, names, rows)
+
+
+def _results(preset: str, batch: int, threads: int, dev: torch.device, rounds: int, lengths: tuple[int, ...],
+             names: list[str], rows: list[dict]) -> dict:
     slopes = {kind: memory_slope([r["length"] for r in rows if r["kind"] == kind],
                                  [r["memory_mb"] for r in rows if r["kind"] == kind]) for kind in names}
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_name()
     return {"preset": preset, "batch": batch, "threads": threads, "device": where, "rounds": rounds,
-            "torch": torch.__version__, "cuda": torch.version.cuda, "lengths": list(lengths), "rows": rows,
+            "torch": torch.__version__, "cuda": torch.version.cuda, "lengths": list(lengths), "rows": list(rows),
             "slopes": slopes}
 
 
@@ -188,7 +198,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--threads", type=non_negative_int, default=1, help="torch threads (default 1)")
     ap.add_argument("--device", default="cpu", help="cpu (default), auto (cuda when available), cuda or cuda:N")
     ap.add_argument("--no-memory", action="store_true", help="time only")
-    ap.add_argument("--json", type=writable_file, default=None, help="also write the results to this JSON file")
+    ap.add_argument("--json", type=writable_file, default=None,
+                    help="also write the results to this JSON file (rewritten after each length)")
     a = ap.parse_args(argv)
     n_kinds = len(set(["rope", *(a.kinds or POSITION_ENCODINGS)]))
     steps = a.rounds + 1 + (0 if a.no_memory else 2)
@@ -196,10 +207,16 @@ def main(argv: list[str]) -> int:
           f"{steps} training steps of each (progress on stderr; docs/long-context.md gives the defaults' measured "
           "time)", flush=True)
     res = run_length_bench(a.preset, tuple(a.lengths), tuple(a.kinds), a.rounds, a.batch, a.threads or 1, a.device,
-                           not a.no_memory, lambda line: print(line, file=sys.stderr, flush=True))
+                           not a.no_memory, lambda line: print(line, file=sys.stderr, flush=True),
+                           (lambda so_far: _write(so_far, a.json)) if a.json else None)
     print(_table(res))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
     return 0
+
+
+def _write(res: dict, path: str) -> None:
+    """Write the results to `path` whole or not at all (a stopped run leaves the last length's file)."""
+    tmp = f"{path}.partial"
+    with open(tmp, "w") as f:
+        json.dump(res, f, indent=1)
+    os.replace(tmp, path)
 
