@@ -96,7 +96,8 @@ def plan_findings(plan) -> tuple[list[str], list[str]]:
     problems = [p for key, target in PLAN_CHECKS.items() if getattr(plan.spec, key, None) for p in _load(target)(plan)]
     if problems:
         return problems, []
-    return [], [w for key, target in PLAN_WARNINGS.items() if getattr(plan.spec, key, None) for w in _load(target)(plan)]
+    return [], [w for key, target in PLAN_WARNINGS.items() if getattr(plan.spec, key, None)
+                for w in _load(target)(plan)]
 
 
 def bench_main(argv: list[str]) -> int:
