@@ -87,7 +87,8 @@ def test_closing_early_stops_the_producer_even_with_a_full_pipe():
     time.sleep(0.3)  # it fills the pipe and blocks
     t0 = time.perf_counter()
     stream.close()
-    assert time.perf_counter() - t0 < 2 and not _alive(pid)
+    # well under a blocked producer's wait (forever): a nice-19 process on busy cores takes seconds to be scheduled
+    assert time.perf_counter() - t0 < 10 and not _alive(pid)
 
 
 def test_the_producer_ends_when_the_training_process_is_killed(tmp_path):
