@@ -16,7 +16,8 @@ from typing import Any
 
 from hdrope.errors import UserError
 
-__all__ = ["BENCH_FILE", "BENCH_TABLES", "TARGETS", "TARGET_LENGTH", "load_length_bench", "render_bench"]
+__all__ = ["BENCH_FILE", "BENCH_TABLES", "TARGETS", "TARGET_LENGTH", "load_length_bench", "missed_targets",
+           "render_bench"]
 
 BENCH_FILE = "bench.json"
 TARGET_LENGTH = 2048
@@ -60,6 +61,10 @@ def load_length_bench(folder: Path) -> dict[str, Any]:
             if not _typed(value, kind) or (kind is float and not (math.isfinite(value) and value > 0)):
                 want = "a finite number > 0" if kind is float else _NAMES[kind]
                 raise UserError(f"{path}: rows[{i}].{key} is {value!r}, not {want}; {fix}")
+    for i, again in enumerate(res.get("remeasured", [])):
+        if not (isinstance(again, dict) and isinstance(again.get("kinds"), list) and again["kinds"]
+                and isinstance(again.get("when"), str)):
+            raise UserError(f"{path}: remeasured[{i}] is {again!r}, not a mapping with kinds and when; {fix}")
     cells = {(r["kind"], r["length"]) for r in res["rows"]}
     kinds = {r["kind"] for r in res["rows"]}
     missing = sorted((k, n) for k in kinds for n in res["lengths"] if (k, n) not in cells)
@@ -87,17 +92,32 @@ def _time(res: dict[str, Any]) -> str:
     return _cells(res, "step_s", "step_vs_rope", 2)
 
 
-def _targets(res: dict[str, Any]) -> str:
+def _at_target_length(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
     at = {r["kind"]: r for r in res["rows"] if r["length"] == TARGET_LENGTH}
     if not at:
         raise UserError(f"the bench has no rows at the targets' length {TARGET_LENGTH}")
+    return at
+
+
+def _met(res: dict[str, Any], kind: str, r: dict[str, Any]) -> bool:
+    target = TARGETS.get(kind)
+    return r["memory_vs_rope"] <= MEMORY_TARGET and res["slopes"].get(kind, math.nan) < LINEAR_SLOPE and (
+        target is None or r["step_vs_rope"] <= target)
+
+
+def missed_targets(res: dict[str, Any]) -> list[str]:
+    """The kinds a bench result shows missing a target (memory, its slope, or step time at the targets' length)."""
+    return sorted(kind for kind, r in _at_target_length(res).items() if not _met(res, kind, r))
+
+
+def _targets(res: dict[str, Any]) -> str:
+    at = _at_target_length(res)
     lines = [f"| kind | memory × RoPE at {TARGET_LENGTH} (target ≤ {MEMORY_TARGET}) | step × RoPE at {TARGET_LENGTH} "
              "| step target | memory slope over length | met |", "|---|---:|---:|---:|---:|---|"]
     for kind, r in at.items():
         slope = res["slopes"].get(kind, float("nan"))
         target = TARGETS.get(kind)
-        met = r["memory_vs_rope"] <= MEMORY_TARGET and slope < LINEAR_SLOPE and (
-            target is None or r["step_vs_rope"] <= target)
+        met = _met(res, kind, r)
         shape = "linear" if slope < LINEAR_SLOPE else "not linear"
         bound = "—" if target is None else f"≤ {target:g}"
         lines.append(f"| `{kind}` | {r['memory_vs_rope']:.2f} | {r['step_vs_rope']:.2f} | {bound} | {slope:.2f} "
@@ -132,4 +152,13 @@ def render_bench(folder: Path, table: str) -> str:
     if table not in BENCH_TABLES:
         raise UserError(f"results block {Path(folder).name}:{table}: no bench table {table!r}; choose one of "
                         f"{sorted(BENCH_TABLES)}")
-    return BENCH_TABLES[table](load_length_bench(folder)) + "\n"
+    res = load_length_bench(folder)
+    notes = [] if table == "paths" else [_remeasured(again) for again in res.get("remeasured", [])]
+    return "\n".join([BENCH_TABLES[table](res), *(["", *notes] if notes else [])]) + "\n"
+
+
+def _remeasured(again: dict[str, Any]) -> str:
+    kinds = ", ".join(f"`{k}`" for k in again["kinds"])
+    return (f"_{kinds}: re-measured on {again['when']} after a change to {'it' if len(again['kinds']) == 1 else 'them'}"
+            f" alone (`hdrope bench length --update`), beside RoPE in a run of its own; its ratios are to that run's "
+            "RoPE._")

@@ -327,3 +327,16 @@ def test_bench_length_prints_each_kinds_memory_and_step_time_against_ropes_side_
     assert alibi[512] < alibi[256]
     assert set(res["slopes"]) == {"rope", "alibi", "fire"}
     assert hdrope_here(["bench", "length", "--kinds", "nonsense", "--lengths", "64"]).returncode == 2
+    # --update: fire re-measured apart (here its rows from a run made as `--kinds fire --json` would write them)
+    apart = {**res, "rows": [{**r, "step_s": 9.0} for r in res["rows"] if r["kind"] in ("rope", "fire")],
+             "slopes": {"rope": 1.0, "fire": 1.25}}
+    (tmp_path / "fire.json").write_text(json.dumps(apart))
+    done = hdrope_here(["bench", "length", "--update", str(out), "--measured", str(tmp_path / "fire.json")])
+    assert done.returncode == 0, done.stderr
+    merged = json.loads(out.read_text())
+    assert [r for r in merged["rows"] if r["kind"] != "fire"] == [r for r in res["rows"] if r["kind"] != "fire"]
+    assert [r["step_s"] for r in merged["rows"] if r["kind"] == "fire"] == [9.0, 9.0]
+    assert merged["slopes"]["fire"] == 1.25 and merged["remeasured"][0]["kinds"] == ["fire"]
+    (tmp_path / "short.json").write_text(json.dumps({**apart, "lengths": [256]}))
+    refused = hdrope_here(["bench", "length", "--update", str(out), "--measured", str(tmp_path / "short.json")])
+    assert refused.returncode == 2 and "its lengths is [256, 512], this run's [256]" in refused.stderr

@@ -107,19 +107,21 @@ def test_fire_counts_the_flops_of_its_mlp():
 
 # --- CoPE --------------------------------------------------------------------------------------------------------
 
-def test_cope_counts_positions_by_gates_and_interpolates_its_embeddings():
+@pytest.mark.parametrize("npos", [8, 64])
+def test_cope_counts_positions_by_gates_and_interpolates_its_embeddings(npos):
     """k = 0 makes every gate σ(0) = 1/2, so key j's position from query i is (i - j + 1)/2; embeddings with
-    q·e[n] = n make the interpolated term exactly that position."""
-    enc = _build("cope", npos=8)
+    q·e[n] = n make the interpolated term exactly that position (capped at npos - 1; at 64, past any count here, so
+    only the positions a count can reach are read)."""
+    enc = _build("cope", npos=npos)
     with torch.no_grad():
         enc.emb.zero_()
-        enc.emb[1, 0] = torch.arange(8.0)
+        enc.emb[1, 0] = torch.arange(float(npos))
     q = torch.zeros(1, 2, 10, 8)
     q[..., 0] = 1.0
     k, v = torch.zeros(1, 1, 10, 8), torch.randn(1, 1, 10, 8)
     got = logits(enc, q, k, 0, 1)
     i, j = torch.meshgrid(torch.arange(10.0), torch.arange(10.0), indexing="ij")
-    want = ((i - j + 1) / 2).clamp(max=7) / math.sqrt(8)
+    want = ((i - j + 1) / 2).clamp(max=npos - 1) / math.sqrt(8)
     causal = j <= i
     torch.testing.assert_close(got[0, 0][causal], want[causal])
     assert torch.isinf(got[0, 0][~causal]).all()
@@ -129,10 +131,58 @@ def test_cope_counts_positions_by_gates_and_interpolates_its_embeddings():
     assert logits(enc, q, k, 0, 0).masked_fill(~causal, 0).abs().max() == 0  # layer 0's embeddings are still zero
 
 
+def test_cope_counts_every_held_key_when_its_gates_saturate():
+    """Gates of 1 count key j from query i as i - j + 1, the most a count can be: the last query's first key reads the
+    last position a query block keeps (the tiled path's 3-token blocks and queries after a past, too)."""
+    enc = _build("cope", npos=64)
+    with torch.no_grad():
+        enc.emb.zero_()
+        enc.emb[1, 0] = torch.arange(64.0)
+    s, past = 9, 4
+    q = torch.zeros(1, 2, s, 8)
+    q[..., 0] = 1.0
+    k = torch.zeros(1, 1, s + past, 8)
+    k[..., 0] = 200.0  # σ(200 / √8) is 1 in float32
+    got = logits(enc, q, k, past, 1)
+    i, j = torch.meshgrid(torch.arange(past, past + s, dtype=torch.float32), torch.arange(s + past, dtype=torch.float32),
+                          indexing="ij")
+    causal = j <= i
+    want = (200.0 + (i - j + 1)) / math.sqrt(8)
+    torch.testing.assert_close(got[0, 0][causal], want[causal])
+    from trainer.model.attention.paths import run_attention
+    from trainer.model.attention.simple import simple_call
+
+    call = simple_call(q, k, torch.randn(1, 1, s + past, 8), past, 1)
+    torch.testing.assert_close(run_attention(enc, call, "tiled", block=3), run_attention(enc, call, "dense"))
+
+
+def test_cope_reads_of_one_shared_table_have_the_gathers_gradients():
+    """The tiles' reads of a query block's q·e table add their gradients into one buffer (not one zeroed table per
+    read): the table's and the positions' gradients equal plain gathers', read twice as two tiles do, in float64."""
+    from trainer.model.encodings.cope import interpolated, shared_table
+
+    gen = torch.Generator().manual_seed(3)
+    table = torch.randn(2, 3, 5, 9, dtype=torch.float64, generator=gen, requires_grad=True)
+    pos = [(torch.rand(2, 3, 5, 4, dtype=torch.float64, generator=gen) * 8).requires_grad_() for _ in range(2)]
+    weights = [torch.randn(2, 3, 5, 4, dtype=torch.float64, generator=gen) for _ in range(2)]
+
+    def loss(shared: bool) -> torch.Tensor:
+        source, box = shared_table(table * 2) if shared else (table * 2, None)
+        return sum((interpolated(source, p, box) * w).sum() for p, w in zip(pos, weights, strict=True))
+
+    got = torch.autograd.grad(loss(True), [table, *pos])
+    want = torch.autograd.grad(loss(False), [table, *pos])
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    assert got[0].abs().sum() > 0
+    again = torch.autograd.grad(loss(True), [table])[0]  # a second backward starts from an empty buffer
+    torch.testing.assert_close(again, want[0])
+
+
 def test_cope_counts_the_flops_of_its_position_logits():
     pe = pe_config_class("cope")()
     enc = build_position_encoding(pe, SHAPE)
-    s = 16
+    s = SHAPE.max_seq_len  # a window of the train length reads all npos positions (a shorter one, fewer)
     q, k = torch.randn(1, 2, s, 8), torch.randn(1, 1, s, 8)
     with FlopCounterMode(display=False) as counter:
         logits(enc, q, k, 0, 0)

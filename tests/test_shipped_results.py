@@ -40,15 +40,38 @@ def test_every_shipped_comparison_table_agrees_with_its_cells(study):
 
 
 def test_the_shipped_length_bench_is_whole_and_the_long_context_page_quotes_it():
-    """experiments/results/bench_length_cpu (issue 45): every kind at 512..8192 tokens, read through its schema, and
+    """experiments/results/bench_length_cpu (issue 45): every kind at 512..4096 tokens, read through its schema, and
     docs/long-context.md quotes its tables through blocks (which the first test ties to the file)."""
     assert BENCHES == ["bench_length_cpu"]
     res = load_length_bench(RESULTS_DIR / "bench_length_cpu")
-    assert res["lengths"] == [512, 1024, 2048, 4096, 8192] and res["preset"] == "compact"
+    # 8192 did not finish on the 2-core, 24 GB machine (docs/long-context.md says why)
+    assert res["lengths"] == [512, 1024, 2048, 4096] and res["preset"] == "compact"
     assert {r["kind"] for r in res["rows"]} == set(POSITION_ENCODINGS)
     text = (REPO / "docs/long-context.md").read_text()
     for table in ("paths", "targets", "memory", "time"):
         assert f"<!-- results:bench_length_cpu:{table} -->" in text
+    for again in res.get("remeasured", []):  # rows measured in a run of their own say so under each table
+        note = next(line for line in render("bench_length_cpu", "time").splitlines()
+                    if f"re-measured on {again['when']}" in line)
+        assert all(f"`{kind}`" in note for kind in again["kinds"])
+
+
+def test_the_long_context_page_names_the_kinds_that_miss_a_target_and_only_those():
+    """The prose under the targets table names, in backticks, exactly the kinds the shipped bench shows missing."""
+    import re
+
+    from analysis.length_bench import LINEAR_SLOPE, MEMORY_TARGET, TARGET_LENGTH, TARGETS, missed_targets
+
+    text = (REPO / "docs/long-context.md").read_text()
+    paragraph = text.split("**Targets missed**", 1)[1].split("\n\n", 1)[0]
+    named = re.findall(r"`([a-z0-9_]+)`", paragraph.split(")", 1)[0])
+    res = load_length_bench(RESULTS_DIR / "bench_length_cpu")
+    assert sorted(named) == missed_targets(res)
+    at = {r["kind"]: r for r in res["rows"] if r["length"] == TARGET_LENGTH}
+    # "Every kind's memory meets its target"
+    assert all(r["memory_vs_rope"] <= MEMORY_TARGET for r in at.values()) and max(res["slopes"].values()) < LINEAR_SLOPE
+    # "Each is within 10% of its bound": the step is what they miss, by at most a tenth
+    assert all(at[k]["memory_vs_rope"] <= MEMORY_TARGET and at[k]["step_vs_rope"] <= 1.1 * TARGETS[k] for k in named)
 
 
 def test_a_damaged_length_bench_is_refused_naming_the_field(tmp_path):

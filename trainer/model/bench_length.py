@@ -200,7 +200,14 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--no-memory", action="store_true", help="time only")
     ap.add_argument("--json", type=writable_file, default=None,
                     help="also write the results to this JSON file (rewritten after each length)")
+    ap.add_argument("--update", default=None, metavar="FILE",
+                    help="re-measure --kinds beside RoPE and replace their rows in FILE, an earlier run's JSON at the "
+                         "same preset, batch, threads, device and lengths (after a change to those kinds alone)")
+    ap.add_argument("--measured", default=None, metavar="NEW",
+                    help="with --update: take the kinds' rows from NEW, a --kinds run's --json, instead of measuring")
     a = ap.parse_args(argv)
+    if a.update:
+        return _update(a)
     n_kinds = len(set(["rope", *(a.kinds or POSITION_ENCODINGS)]))
     steps = a.rounds + 1 + (0 if a.no_memory else 2)
     print(f"hdrope bench length: {n_kinds} kinds at {len(a.lengths)} lengths ({', '.join(map(str, a.lengths))}), "
@@ -211,6 +218,58 @@ def main(argv: list[str]) -> int:
                            (lambda so_far: _write(so_far, a.json)) if a.json else None)
     print(_table(res))
     return 0
+
+
+def _update(a: argparse.Namespace) -> int:
+    """`--update FILE`: the kinds' rows of FILE replaced by this run's, and FILE's `remeasured` list extended."""
+    old = _read_json(a.update, "--update", "write one with --json first")
+    new = _read_json(a.measured, "--measured", "write it with --kinds … --json") if a.measured else None
+    kinds = [k for k in (a.kinds or ([r["kind"] for r in new["rows"]] if new else [])) if k != "rope"]
+    kinds = list(dict.fromkeys(kinds))
+    if not kinds:
+        raise UserError("--update: name the kinds to re-measure with --kinds (RoPE, the reference, stays the file's)")
+    if new is not None:  # a run made apart (while the file's run went on): its settings stand for this run's
+        a.preset, a.batch, a.threads, a.lengths = new["preset"], new["batch"], new["threads"], new["lengths"]
+    asked = {"preset": a.preset, "batch": a.batch, "threads": a.threads or 1, "lengths": list(a.lengths)}
+    for key, value in asked.items():
+        if old.get(key) != value:
+            raise UserError(f"--update {a.update}: its {key} is {old.get(key)!r}, this run's {value!r}; re-measure "
+                            f"at the file's ({'--' + key} {old.get(key)!r})")
+    stale = sorted(set(kinds) - {r["kind"] for r in old.get("rows", [])})
+    if stale:
+        raise UserError(f"--update {a.update}: it has no rows of {stale[0]!r}; run the whole bench to add a kind")
+    missing = sorted(set(kinds) - {r["kind"] for r in new["rows"]}) if new else []
+    if missing:
+        raise UserError(f"--measured {a.measured}: it has no rows of {missing[0]!r}; measure it with --kinds")
+    if new is None:
+        print(f"hdrope bench length --update: {', '.join(kinds)} beside RoPE at {', '.join(map(str, a.lengths))}",
+              flush=True)
+        new = run_length_bench(a.preset, tuple(a.lengths), tuple(kinds), a.rounds, a.batch, a.threads or 1,
+                               a.device, not a.no_memory, lambda line: print(line, file=sys.stderr, flush=True))
+    if new["device"] != old.get("device"):
+        raise UserError(f"--update {a.update}: measured on {old.get('device')!r}, this run on {new['device']!r}; "
+                        "re-measure on the file's machine")
+    rows = [r for r in old["rows"] if r["kind"] not in kinds] + [r for r in new["rows"] if r["kind"] in kinds]
+    order = {k: i for i, k in enumerate(dict.fromkeys(r["kind"] for r in old["rows"]))}
+    rows.sort(key=lambda r: (r["length"], order[r["kind"]]))
+    again = {"kinds": kinds, "torch": new["torch"], "rounds": new["rounds"], "when": time.strftime("%Y-%m-%d"),
+             "rope_step_s": [r["step_s"] for r in new["rows"] if r["kind"] == "rope"]}
+    merged = {**old, "rows": rows, "slopes": {**old["slopes"], **{k: new["slopes"][k] for k in kinds}},
+              "remeasured": [*old.get("remeasured", []), again]}
+    _write(merged, a.update)
+    print(_table(merged))
+    return 0
+
+
+def _read_json(path: str, flag: str, fix: str) -> dict:
+    try:
+        with open(path) as f:
+            res = json.load(f)
+    except (OSError, ValueError) as err:  # missing, unreadable or damaged JSON
+        raise UserError(f"{flag} {path}: not a readable bench JSON ({type(err).__name__}); {fix}") from None
+    if not isinstance(res, dict) or not isinstance(res.get("rows"), list):
+        raise UserError(f"{flag} {path}: not a bench result (no rows); {fix}")
+    return res
 
 
 def _write(res: dict, path: str) -> None:

@@ -23,11 +23,60 @@ class CoPEConfig:
     shared: bool = False
 
 
-def interpolated(table: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """table (..., npos) read at fractional positions pos (..., kv_len): linear between ⌊p⌋ and ⌈p⌉."""
-    low, high = pos.floor(), pos.ceil()
-    weight = pos - low
-    return table.gather(-1, high.long()) * weight + table.gather(-1, low.long()) * (1 - weight)
+def interpolated(table: torch.Tensor, pos: torch.Tensor, box: list | None = None) -> torch.Tensor:
+    """table (..., npos) read at fractional positions pos (..., kv_len): linear between ⌊p⌋ and ⌈p⌉. With `box`
+    (a table `shared_table` made), the table's gradient is added into one buffer for every read of it, so the
+    backward zeroes one table, not one per read."""
+    if box is None:
+        low, high = pos.floor(), pos.ceil()
+        weight = pos - low
+        return table.gather(-1, high.long()) * weight + table.gather(-1, low.long()) * (1 - weight)
+    return _Read.apply(table, pos, box)
+
+
+def shared_table(table: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """`table` as the source of reads whose gradients meet in one buffer (`interpolated(..., box)`), and the box."""
+    box: list = [None]
+    return _Shared.apply(table, box), box
+
+
+class _Shared(torch.autograd.Function):
+    """The identity on a table; its backward hands on the gradients its reads added into the box."""
+
+    @staticmethod
+    def forward(ctx, table, box):
+        ctx.box = box
+        return table.view_as(table)
+
+    @staticmethod
+    def backward(ctx, grad):
+        added, ctx.box[0] = ctx.box[0], None
+        return (grad if added is None else added if grad is None else grad + added), None
+
+
+class _Read(torch.autograd.Function):
+    """`interpolated` of a shared table: the table's gradient is scattered into the box's buffer (made by the first
+    backward to need it), and none is returned, so autograd allocates no table-sized gradient per read."""
+
+    @staticmethod
+    def forward(ctx, table, pos, box):
+        low, high = pos.floor().long(), pos.ceil().long()
+        weight = pos - low.to(pos.dtype)
+        below, above = table.gather(-1, low), table.gather(-1, high)
+        ctx.box, ctx.table = box, (table.shape, table.dtype, table.device)
+        ctx.save_for_backward(low, high, weight, above - below)
+        return above * weight + below * (1 - weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        low, high, weight, rise = ctx.saved_tensors
+        if ctx.needs_input_grad[0]:
+            shape, dtype, device = ctx.table
+            if ctx.box[0] is None:
+                ctx.box[0] = torch.zeros(shape, dtype=dtype, device=device)
+            ctx.box[0].scatter_add_(-1, high, (grad * weight).to(dtype))
+            ctx.box[0].scatter_add_(-1, low, (grad * (1 - weight)).to(dtype))
+        return None, (grad * rise if ctx.needs_input_grad[1] else None), None
 
 
 class CoPE(PositionModule):
@@ -53,15 +102,18 @@ class CoPE(PositionModule):
         gates = torch.sigmoid(qk * scale)
         if t.visible is not None:
             gates = gates * t.visible
-        later, at_integers = carry if carry is not None else (None, None)
-        if at_integers is None:  # q·e at every integer position, once per query block
-            at_integers = t.q.to(t.dtype) @ self.emb[0 if self.shared else t.layer].to(t.dtype)
+        later, at_integers, box = carry if carry is not None else (None, None, None)
+        if at_integers is None:  # q·e at each position the block can count to, once per query block, for its tiles
+            # a count is at most the keys held up to the block's last query, so no position past them is read
+            reach = min(self.npos, t.mask.q_index + t.i1 - t.mask.k_index + 1)
+            emb = self.emb[0 if self.shared else t.layer][:, :reach]
+            at_integers, box = shared_table(t.q.to(t.dtype) @ emb.to(t.dtype))
         counted = gates.flip(-1).cumsum(-1).flip(-1)
         total = gates.sum(-1, keepdim=True)
         if later is not None:
             counted, total = counted + later, total + later
-        pos = counted.clamp(max=self.npos - 1)
-        return (qk + interpolated(at_integers, pos)) * scale, (total, at_integers)
+        pos = counted.clamp(max=at_integers.shape[-1] - 1)  # npos - 1, or the count's own bound when lower
+        return (qk + interpolated(at_integers, pos, box)) * scale, (total, at_integers, box)
 
 
 def _npos(pe: CoPEConfig, s: EncodingShape) -> int:
@@ -78,5 +130,6 @@ KIND = EncodingKind(
     cost_keys=("npos",),
     params=lambda c, s: table_count(c, s.n_layers) * s.head_dim * _npos(c, s),
     # q·e for every integer position, per head and layer: 2·head_dim·npos FLOPs forward, three times that with
-    # the backward (the gates' q·k is the attention's own product)
+    # the backward (the gates' q·k is the attention's own product); the dense path's count, an upper bound for the
+    # tiled path, whose query blocks read only the positions they can count to
     flops=lambda c, s: 6.0 * s.head_dim * _npos(c, s) * s.n_heads * s.n_layers)
