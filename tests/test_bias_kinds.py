@@ -144,8 +144,8 @@ def test_cope_counts_every_held_key_when_its_gates_saturate():
     k = torch.zeros(1, 1, s + past, 8)
     k[..., 0] = 200.0  # σ(200 / √8) is 1 in float32
     got = logits(enc, q, k, past, 1)
-    i, j = torch.meshgrid(torch.arange(past, past + s, dtype=torch.float32), torch.arange(s + past, dtype=torch.float32),
-                          indexing="ij")
+    i, j = torch.meshgrid(torch.arange(past, past + s, dtype=torch.float32),
+                          torch.arange(s + past, dtype=torch.float32), indexing="ij")
     causal = j <= i
     want = (200.0 + (i - j + 1)) / math.sqrt(8)
     torch.testing.assert_close(got[0, 0][causal], want[causal])
