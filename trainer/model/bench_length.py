@@ -116,9 +116,7 @@ def run_length_bench(preset: str = "compact", lengths: tuple[int, ...] = DEFAULT
     rows = []
     for seq in lengths:
         t0 = time.perf_counter()
-        steps = {kind: _step(_args(preset, kind, seq), batch, dev) for kind in names}
-        for step in steps.values():
-            step()  # warm: allocator, caches, the optimizer's state
+        steps = {kind: _step(_args(preset, kind, seq), batch, dev) for kind in names}  # warmed twice when timed
         say(f"length {seq}: timing {len(names)} kinds, {rounds} round(s)")
         ms = median_round_robin(steps, rounds)
         if not memory:
@@ -209,7 +207,7 @@ def main(argv: list[str]) -> int:
     if a.update:
         return _update(a)
     n_kinds = len(set(["rope", *(a.kinds or POSITION_ENCODINGS)]))
-    steps = a.rounds + 1 + (0 if a.no_memory else 2)
+    steps = 2 + a.rounds + (0 if a.no_memory else 2)  # two warm-ups, the timed rounds; memory: a warm-up, one step
     print(f"hdrope bench length: {n_kinds} kinds at {len(a.lengths)} lengths ({', '.join(map(str, a.lengths))}), "
           f"{steps} training steps of each (progress on stderr; docs/long-context.md gives the defaults' measured "
           "time)", flush=True)
