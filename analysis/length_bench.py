@@ -16,10 +16,11 @@ from typing import Any
 
 from hdrope.errors import UserError
 
-__all__ = ["BENCH_FILE", "BENCH_TABLES", "TARGETS", "TARGET_LENGTH", "load_length_bench", "missed_targets",
-           "render_bench"]
+__all__ = ["BENCH_FILE", "BENCH_TABLES", "MEMORY_ALONE_FILE", "TARGETS", "TARGET_LENGTH", "load_length_bench",
+           "memory_slopes", "missed_targets", "render_bench"]
 
 BENCH_FILE = "bench.json"
+MEMORY_ALONE_FILE = "memory_alone.json"  # `hdrope bench length --memory-alone` at lengths past the bench's
 TARGET_LENGTH = 2048
 MEMORY_TARGET = 1.5  # every kind's peak memory within 1.5x RoPE's at the target length
 # step time within this many times RoPE's at the target length (issue 45); kinds not named have no target
@@ -71,7 +72,57 @@ def load_length_bench(folder: Path) -> dict[str, Any]:
     if "rope" not in kinds or missing or len(cells) != len(res["rows"]):
         rope = "present" if "rope" in kinds else "absent"
         raise UserError(f"{path}: not every kind at every length once (RoPE {rope}, missing {missing[:3]}); {fix}")
+    alone = Path(folder) / MEMORY_ALONE_FILE
+    if alone.is_file():
+        res["memory_alone"] = _memory_alone(alone, res, kinds)
     return res
+
+
+def _memory_alone(path: Path, res: dict[str, Any], kinds: set[str]) -> dict[int, dict[str, float]]:
+    """memory_alone.json read against its bench: the same preset, batch, threads and machine, lengths past the
+    bench's, and every kind's finite positive memory at each."""
+    fix = "re-run `hdrope bench length --memory-alone --json` into it at the bench's settings"
+    try:
+        alone = json.loads(path.read_text())
+    except (OSError, ValueError) as err:  # missing, unreadable or damaged JSON
+        raise UserError(f"{path}: not a readable JSON file ({type(err).__name__}); {fix}") from None
+    if not isinstance(alone, dict) or not isinstance(alone.get("memory_mb"), dict):
+        raise UserError(f"{path}: field 'memory_mb' is missing or not a mapping; {fix}")
+    for key in ("preset", "batch", "threads", "device"):
+        if alone.get(key) != res[key]:
+            raise UserError(f"{path}: field {key!r} is {alone.get(key)!r}, the bench's is {res[key]!r}; {fix}")
+    out = {}
+    for length, by_kind in alone["memory_mb"].items():
+        if not (length.isdigit() and int(length) > max(res["lengths"])) or not isinstance(by_kind, dict):
+            raise UserError(f"{path}: memory_mb[{length!r}] is not a length past the bench's {res['lengths']}; {fix}")
+        bad = sorted(k for k in kinds if not (_typed(by_kind.get(k), float) and math.isfinite(by_kind[k])
+                                              and by_kind[k] > 0))
+        if bad:
+            raise UserError(f"{path}: memory_mb[{length!r}][{bad[0]!r}] is {by_kind.get(bad[0])!r}, not a finite "
+                            f"number > 0; {fix}")
+        out[int(length)] = {k: float(by_kind[k]) for k in kinds}
+    return out
+
+
+def memory_slopes(res: dict[str, Any]) -> dict[str, float]:
+    """Each kind's memory slope over every length measured: the bench's own, or refit with the lengths measured
+    alone past it (the least-squares slope of log memory on log length)."""
+    alone = res.get("memory_alone") or {}
+    if not alone:
+        return dict(res["slopes"])
+    import numpy as np
+
+    out = {}
+    for kind in res["slopes"]:
+        points = [(r["length"], r["memory_mb"]) for r in res["rows"] if r["kind"] == kind]
+        points += [(n, by[kind]) for n, by in sorted(alone.items())]
+        n, mb = np.log([p[0] for p in points]), np.log([p[1] for p in points])
+        out[kind] = float(np.polyfit(n, mb, 1)[0])
+    return out
+
+
+def _last_length(res: dict[str, Any]) -> int:
+    return max([*res["lengths"], *(res.get("memory_alone") or {})])
 
 
 def _cells(res: dict[str, Any], value: str, ratio: str, digits: int) -> str:
@@ -101,7 +152,7 @@ def _at_target_length(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _met(res: dict[str, Any], kind: str, r: dict[str, Any]) -> bool:
     target = TARGETS.get(kind)
-    return r["memory_vs_rope"] <= MEMORY_TARGET and res["slopes"].get(kind, math.nan) < LINEAR_SLOPE and (
+    return r["memory_vs_rope"] <= MEMORY_TARGET and memory_slopes(res).get(kind, math.nan) < LINEAR_SLOPE and (
         target is None or r["step_vs_rope"] <= target)
 
 
@@ -113,9 +164,11 @@ def missed_targets(res: dict[str, Any]) -> list[str]:
 def _targets(res: dict[str, Any]) -> str:
     at = _at_target_length(res)
     lines = [f"| kind | memory × RoPE at {TARGET_LENGTH} (target ≤ {MEMORY_TARGET}) | step × RoPE at {TARGET_LENGTH} "
-             "| step target | memory slope over length | met |", "|---|---:|---:|---:|---:|---|"]
+             f"| step target | memory slope, {min(res['lengths'])} to {_last_length(res)} | met |",
+             "|---|---:|---:|---:|---:|---|"]
+    slopes = memory_slopes(res)
     for kind, r in at.items():
-        slope = res["slopes"].get(kind, float("nan"))
+        slope = slopes.get(kind, float("nan"))
         target = TARGETS.get(kind)
         met = _met(res, kind, r)
         shape = "linear" if slope < LINEAR_SLOPE else "not linear"
@@ -143,8 +196,20 @@ def _paths(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _alone(res: dict[str, Any]) -> str:
+    alone = res.get("memory_alone") or {}
+    if not alone:
+        raise UserError(f"the bench has no {MEMORY_ALONE_FILE} (run `hdrope bench length --memory-alone --json`)")
+    lengths = sorted(alone)
+    lines = ["| kind | " + " | ".join(f"{n}" for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
+    for kind in res["slopes"]:
+        lines.append(f"| `{kind}` | " + " | ".join(f"{alone[n][kind]:.0f} ({alone[n][kind] / alone[n]['rope']:.2f}×)"
+                                                 for n in lengths) + " |")
+    return "\n".join(lines)
+
+
 # table name -> what it renders from a shipped bench result
-BENCH_TABLES = {"memory": _memory, "time": _time, "targets": _targets, "paths": _paths}
+BENCH_TABLES = {"memory": _memory, "time": _time, "targets": _targets, "paths": _paths, "memory-alone": _alone}
 
 
 def render_bench(folder: Path, table: str) -> str:
@@ -153,7 +218,7 @@ def render_bench(folder: Path, table: str) -> str:
         raise UserError(f"results block {Path(folder).name}:{table}: no bench table {table!r}; choose one of "
                         f"{sorted(BENCH_TABLES)}")
     res = load_length_bench(folder)
-    notes = [] if table == "paths" else [_remeasured(again) for again in res.get("remeasured", [])]
+    notes = [] if table in ("paths", "memory-alone") else [_remeasured(again) for again in res.get("remeasured", [])]
     return "\n".join([BENCH_TABLES[table](res), *(["", *notes] if notes else [])]) + "\n"
 
 

@@ -340,3 +340,14 @@ def test_bench_length_prints_each_kinds_memory_and_step_time_against_ropes_side_
     (tmp_path / "short.json").write_text(json.dumps({**apart, "lengths": [256]}))
     refused = hdrope_here(["bench", "length", "--update", str(out), "--measured", str(tmp_path / "short.json")])
     assert refused.returncode == 2 and "its lengths is [256, 512], this run's [256]" in refused.stderr
+    # --memory-alone: memory only, a process per kind, at a length past the bench's; the analysis reads it beside it
+    from analysis.length_bench import MEMORY_ALONE_FILE, load_length_bench, memory_slopes
+
+    done = hdrope_here(["bench", "length", "--memory-alone", "--preset", "tiny", "--lengths", "1024", "--kinds",
+                        "alibi", "fire", "--json", str(tmp_path / MEMORY_ALONE_FILE)])
+    assert done.returncode == 0, done.stderr
+    (tmp_path / "bench.json").write_text(out.read_text())
+    both = load_length_bench(tmp_path)
+    assert set(both["memory_alone"][1024]) == {"rope", "alibi", "fire"}
+    assert all(v > 0 for v in both["memory_alone"][1024].values())
+    assert set(memory_slopes(both)) == {"rope", "alibi", "fire"} and memory_slopes(both) != both["slopes"]

@@ -74,6 +74,43 @@ def test_the_long_context_page_names_the_kinds_that_miss_a_target_and_only_those
     assert all(at[k]["memory_vs_rope"] <= MEMORY_TARGET and at[k]["step_vs_rope"] <= 1.1 * TARGETS[k] for k in named)
 
 
+def test_the_shipped_memory_alone_at_8192_keeps_every_kinds_memory_linear():
+    """memory_alone.json (`--memory-alone`, one process per kind): every kind at 8192 tokens, read against its bench,
+    and every kind's memory slope over 512..8192 linear, as the targets table and the page say."""
+    from analysis.length_bench import LINEAR_SLOPE, memory_slopes
+
+    res = load_length_bench(RESULTS_DIR / "bench_length_cpu")
+    assert sorted(res["memory_alone"]) == [8192]
+    assert set(res["memory_alone"][8192]) == set(POSITION_ENCODINGS)
+    slopes = memory_slopes(res)
+    assert set(slopes) == set(POSITION_ENCODINGS) and max(slopes.values()) < LINEAR_SLOPE
+    assert slopes != res["slopes"]  # refit with the 8192 point
+    assert "<!-- results:bench_length_cpu:memory-alone -->" in (REPO / "docs/long-context.md").read_text()
+    assert "memory slope, 512 to 8192" in render("bench_length_cpu", "targets")
+
+
+def test_a_damaged_memory_alone_file_is_refused_naming_the_field(tmp_path):
+    import json
+    import shutil
+
+    from analysis.length_bench import MEMORY_ALONE_FILE
+
+    good = json.loads((RESULTS_DIR / "bench_length_cpu" / MEMORY_ALONE_FILE).read_text())
+    cases = {"other machine": ({**good, "device": "a laptop"}, r"field 'device' is 'a laptop', the bench's is"),
+             "a kind short": ({**good, "memory_mb": {"8192": {k: v for k, v in good["memory_mb"]["8192"].items()
+                                                              if k != "fire"}}},
+                              r"memory_mb\['8192'\]\['fire'\] is None"),
+             "inside the bench": ({**good, "memory_mb": {"2048": good["memory_mb"]["8192"]}},
+                                  r"memory_mb\['2048'\] is not a length past the bench's")}
+    for name, (damaged, message) in cases.items():
+        folder = tmp_path / name.replace(" ", "_")
+        folder.mkdir()
+        shutil.copy(RESULTS_DIR / "bench_length_cpu" / BENCH_FILE, folder / BENCH_FILE)
+        (folder / MEMORY_ALONE_FILE).write_text(json.dumps(damaged))
+        with pytest.raises(UserError, match=message):
+            load_length_bench(folder)
+
+
 def test_a_damaged_length_bench_is_refused_naming_the_field(tmp_path):
     import json
 

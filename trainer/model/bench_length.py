@@ -203,9 +203,14 @@ def main(argv: list[str]) -> int:
                          "same preset, batch, threads, device and lengths (after a change to those kinds alone)")
     ap.add_argument("--measured", default=None, metavar="NEW",
                     help="with --update: take the kinds' rows from NEW, a --kinds run's --json, instead of measuring")
+    ap.add_argument("--memory-alone", action="store_true",
+                    help="on a CPU: each kind's peak memory alone, in a process of its own per kind, at --lengths "
+                         "(for lengths whose round-robin would not fit); --json is rewritten after each kind")
     a = ap.parse_args(argv)
     if a.update:
         return _update(a)
+    if a.memory_alone:
+        return _memory_alone(a)
     n_kinds = len(set(["rope", *(a.kinds or POSITION_ENCODINGS)]))
     steps = 2 + a.rounds + (0 if a.no_memory else 2)  # two warm-ups, the timed rounds; memory: a warm-up, one step
     print(f"hdrope bench length: {n_kinds} kinds at {len(a.lengths)} lengths ({', '.join(map(str, a.lengths))}), "
@@ -215,6 +220,29 @@ def main(argv: list[str]) -> int:
                            not a.no_memory, lambda line: print(line, file=sys.stderr, flush=True),
                            (lambda so_far: _write(so_far, a.json)) if a.json else None)
     print(_table(res))
+    return 0
+
+
+def _memory_alone(a: argparse.Namespace) -> int:
+    """`--memory-alone`: every kind's peak step memory at each length, one process per kind, no timing."""
+    if bench_device(a.device).type != "cpu":
+        raise UserError(f"--memory-alone: measures a CPU's resident set; --device {a.device} is not a CPU (drop it)")
+    names = list(dict.fromkeys(["rope", *(a.kinds or sorted(POSITION_ENCODINGS))]))
+    unknown = [k for k in names if k not in POSITION_ENCODINGS]
+    if unknown:
+        raise UserError(f"--kinds: {unknown[0]!r} is not a kind; choose from {', '.join(sorted(POSITION_ENCODINGS))}")
+    res = {"preset": a.preset, "batch": a.batch, "threads": a.threads or 1, "device": _cpu_name(),
+           "torch": torch.__version__, "lengths": list(a.lengths), "memory_mb": {}}
+    for seq in a.lengths:
+        got = res["memory_mb"].setdefault(str(seq), {})
+        for kind in names:
+            t0 = time.perf_counter()
+            got[kind] = _cpu_memory_in_child(a.preset, [kind], seq, a.batch, a.threads or 1)[kind] / 2**20
+            print(f"length {seq}: {kind} {got[kind]:.0f} MB ({time.perf_counter() - t0:.0f} s)", file=sys.stderr,
+                  flush=True)
+            if a.json:
+                _write(res, a.json)
+        print(f"length {seq}: " + ", ".join(f"{k} {v:.0f} MB ({v / got['rope']:.2f}x)" for k, v in got.items()))
     return 0
 
 
