@@ -110,14 +110,13 @@ def memory_slopes(res: dict[str, Any]) -> dict[str, float]:
     alone = res.get("memory_alone") or {}
     if not alone:
         return dict(res["slopes"])
-    import numpy as np
+    from trainer.model.bench_length import memory_slope  # the bench's own definition of the slope
 
     out = {}
     for kind in res["slopes"]:
         points = [(r["length"], r["memory_mb"]) for r in res["rows"] if r["kind"] == kind]
         points += [(n, by[kind]) for n, by in sorted(alone.items())]
-        n, mb = np.log([p[0] for p in points]), np.log([p[1] for p in points])
-        out[kind] = float(np.polyfit(n, mb, 1)[0])
+        out[kind] = memory_slope([p[0] for p in points], [p[1] for p in points])
     return out
 
 

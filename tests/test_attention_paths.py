@@ -340,6 +340,9 @@ def test_bench_length_prints_each_kinds_memory_and_step_time_against_ropes_side_
     (tmp_path / "short.json").write_text(json.dumps({**apart, "lengths": [256]}))
     refused = hdrope_here(["bench", "length", "--update", str(out), "--measured", str(tmp_path / "short.json")])
     assert refused.returncode == 2 and "its lengths is [256, 512], this run's [256]" in refused.stderr
+    (tmp_path / "foreign.json").write_text(json.dumps({"rows": [], "preset": "tiny"}))
+    refused = hdrope_here(["bench", "length", "--update", str(tmp_path / "foreign.json"), "--kinds", "fire"])
+    assert refused.returncode == 2 and "field 'batch' is None, not an integer" in refused.stderr
     # --memory-alone: memory only, a process per kind, at a length past the bench's; the analysis reads it beside it
     from analysis.length_bench import MEMORY_ALONE_FILE, load_length_bench, memory_slopes
 

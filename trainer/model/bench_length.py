@@ -106,10 +106,7 @@ def run_length_bench(preset: str = "compact", lengths: tuple[int, ...] = DEFAULT
     """Step time and peak memory of every kind (or `kinds`, RoPE always among them) at each length, with ratios to
     RoPE's at the same length and each kind's memory slope; the machine and versions alongside. `done`, when given,
     receives the results of the lengths measured so far after each length, so a stopped run keeps them."""
-    names = list(dict.fromkeys(["rope", *(kinds or sorted(POSITION_ENCODINGS))]))
-    unknown = [k for k in names if k not in POSITION_ENCODINGS]
-    if unknown:
-        raise UserError(f"--kinds: {unknown[0]!r} is not a kind; choose from {', '.join(sorted(POSITION_ENCODINGS))}")
+    names = _kind_names(kinds)
     dev = bench_device(device)
     torch.set_num_threads(threads)
     say = progress or (lambda line: None)
@@ -141,6 +138,15 @@ def run_length_bench(preset: str = "compact", lengths: tuple[int, ...] = DEFAULT
         if done is not None:
             done(_results(preset, batch, threads, dev, rounds, lengths[:lengths.index(seq) + 1], names, rows))
     return _results(preset, batch, threads, dev, rounds, lengths, names, rows)
+
+
+def _kind_names(kinds: tuple[str, ...] | list[str]) -> list[str]:
+    """RoPE, then `kinds` (every kind when none), each once; UserError naming a kind that is not one."""
+    names = list(dict.fromkeys(["rope", *(kinds or sorted(POSITION_ENCODINGS))]))
+    unknown = [k for k in names if k not in POSITION_ENCODINGS]
+    if unknown:
+        raise UserError(f"--kinds: {unknown[0]!r} is not a kind; choose from {', '.join(sorted(POSITION_ENCODINGS))}")
+    return names
 
 
 def _results(preset: str, batch: int, threads: int, dev: torch.device, rounds: int, lengths: tuple[int, ...],
@@ -227,10 +233,7 @@ def _memory_alone(a: argparse.Namespace) -> int:
     """`--memory-alone`: every kind's peak step memory at each length, one process per kind, no timing."""
     if bench_device(a.device).type != "cpu":
         raise UserError(f"--memory-alone: measures a CPU's resident set; --device {a.device} is not a CPU (drop it)")
-    names = list(dict.fromkeys(["rope", *(a.kinds or sorted(POSITION_ENCODINGS))]))
-    unknown = [k for k in names if k not in POSITION_ENCODINGS]
-    if unknown:
-        raise UserError(f"--kinds: {unknown[0]!r} is not a kind; choose from {', '.join(sorted(POSITION_ENCODINGS))}")
+    names = _kind_names(a.kinds)
     res = {"preset": a.preset, "batch": a.batch, "threads": a.threads or 1, "device": _cpu_name(),
            "torch": torch.__version__, "lengths": list(a.lengths), "memory_mb": {}}
     for seq in a.lengths:
@@ -293,8 +296,16 @@ def _read_json(path: str, flag: str, fix: str) -> dict:
             res = json.load(f)
     except (OSError, ValueError) as err:  # missing, unreadable or damaged JSON
         raise UserError(f"{flag} {path}: not a readable bench JSON ({type(err).__name__}); {fix}") from None
-    if not isinstance(res, dict) or not isinstance(res.get("rows"), list):
-        raise UserError(f"{flag} {path}: not a bench result (no rows); {fix}")
+    if not isinstance(res, dict):
+        raise UserError(f"{flag} {path}: holds a {type(res).__name__}, not a bench result; {fix}")
+    for key, kind, word in (("preset", str, "a string"), ("batch", int, "an integer"), ("threads", int, "an integer"),
+                            ("device", str, "a string"), ("lengths", list, "a list"), ("rows", list, "a list"),
+                            ("slopes", dict, "a mapping")):
+        if not isinstance(res.get(key), kind):
+            raise UserError(f"{flag} {path}: field {key!r} is {res.get(key)!r}, not {word}; {fix}")
+    if not all(isinstance(r, dict) and isinstance(r.get("kind"), str) and isinstance(r.get("length"), int)
+               for r in res["rows"]):
+        raise UserError(f"{flag} {path}: a row without its kind and length; {fix}")
     return res
 
 

@@ -23,14 +23,10 @@ class CoPEConfig:
     shared: bool = False
 
 
-def interpolated(table: torch.Tensor, pos: torch.Tensor, box: list | None = None) -> torch.Tensor:
-    """table (..., npos) read at fractional positions pos (..., kv_len): linear between ⌊p⌋ and ⌈p⌉. With `box`
-    (a table `shared_table` made), the table's gradient is added into one buffer for every read of it, so the
-    backward zeroes one table, not one per read."""
-    if box is None:
-        low, high = pos.floor(), pos.ceil()
-        weight = pos - low
-        return table.gather(-1, high.long()) * weight + table.gather(-1, low.long()) * (1 - weight)
+def interpolated(table: torch.Tensor, pos: torch.Tensor, box: list) -> torch.Tensor:
+    """table (..., npos), made by `shared_table` with `box`, read at fractional positions pos (..., kv_len): linear
+    between ⌊p⌋ and ⌈p⌉. Every read's gradient of the table is added into the box's one buffer, so the backward
+    zeroes one table, not one per read."""
     return _Read.apply(table, pos, box)
 
 
@@ -50,8 +46,8 @@ class _Shared(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        added, ctx.box[0] = ctx.box[0], None
-        return (grad if added is None else added if grad is None else grad + added), None
+        added, ctx.box[0] = ctx.box[0], None  # emptied, so a second backward starts from nothing
+        return (grad if added is None else grad + added), None
 
 
 class _Read(torch.autograd.Function):
