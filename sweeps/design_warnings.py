@@ -23,7 +23,8 @@ import numpy as np
 
 from hdrope.errors import UserError
 from trainer.config import RunConfig, validation_windows
-from trainer.model.position import encoding_frequencies, encoding_identity, encoding_lengths
+from trainer.model.pe_layers import stack_groups, stack_identity
+from trainer.model.position import encoding_frequencies, encoding_lengths
 
 __all__ = ["DETECT_FRACTION", "MAX_WINDOW_SE", "MIN_FREQUENCIES", "PAIRED_WINDOW_SD", "SMALLEST_BREAK_128",
            "design_warnings", "evaluated_lengths", "frequency_warnings", "length_warnings", "paired_window_sd",
@@ -73,11 +74,14 @@ def _cells_text(ids: list[str], total: int) -> str:
 def starved_periods(cfg: RunConfig) -> np.ndarray | None:
     """The periods in tokens of the cell's distinct rotation frequencies when they are fewer than MIN_FREQUENCIES
     at its head_dim, else None (also for kinds without a frequency ladder)."""
-    freqs = encoding_frequencies(cfg.model.pe, cfg.model.encoding_shape)
-    if freqs is None:
-        return None
-    distinct = np.unique(np.round(freqs, 12))
-    return np.sort(2 * math.pi / distinct) if len(distinct) < MIN_FREQUENCIES else None
+    for group in stack_groups(cfg.model):  # a hybrid stack: each encoding at the layers it serves
+        freqs = encoding_frequencies(group.pe, group.shape)
+        if freqs is None:
+            continue
+        distinct = np.unique(np.round(freqs, 12))
+        if len(distinct) < MIN_FREQUENCIES:
+            return np.sort(2 * math.pi / distinct)
+    return None
 
 
 def frequency_warnings(cells: Sequence[PlannedCell], total: int) -> list[str]:
@@ -90,7 +94,7 @@ def frequency_warnings(cells: Sequence[PlannedCell], total: int) -> list[str]:
             groups.setdefault((c.config.model.encoding_shape.head_dim, len(periods)), []).append((c, periods))
     found = []
     for (d, n), members in groups.items():
-        names = list(dict.fromkeys(encoding_identity(c.config.model.pe)["pe_label"] for c, _ in members))
+        names = list(dict.fromkeys(stack_identity(c.config.model)["pe_label"] for c, _ in members))
         labels = ", ".join(names)
         spans = {tuple(np.round(p, 6)) for _, p in members}
         if len(spans) == 1:
@@ -110,12 +114,16 @@ def length_warnings(cfg: RunConfig) -> list[str]:
     """Each length field of the cell's encoding that is at or beyond every evaluated length (with the fix)."""
     longest = max(evaluated_lengths(cfg))
     found = []
-    for f, value in encoding_lengths(cfg.model.pe, cfg.model.encoding_shape):
-        if value >= longest:
-            label = encoding_identity(cfg.model.pe)["pe_label"]
-            found.append(f"{label}: model.pe.{f.key}={value:g} is at or beyond every evaluated length (the longest "
-                         f"is {longest} tokens, train length {cfg.model.max_seq_len}): {f.meaning}, so that is never "
-                         f"evaluated; {f.fix}")
+    groups = stack_groups(cfg.model)
+    for group in groups:
+        where = "model.pe" if len(groups) == 1 else f"model.pe_layers (layers {', '.join(map(str, group.layers))}) pe"
+        for f, value in encoding_lengths(group.pe, group.shape):
+            if value < longest:
+                continue
+            label = stack_identity(cfg.model)["pe_label"]
+            found.append(f"{label}: {where}.{f.key}={value:g} is at or beyond every evaluated length (the longest "
+                         f"is {longest} tokens, train length {cfg.model.max_seq_len}): {f.meaning}, so that is "
+                         f"never evaluated; {f.fix}")
     return found
 
 

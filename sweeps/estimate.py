@@ -14,6 +14,7 @@ from typing import Any
 
 from sweeps.plan import Plan
 from trainer.config import RunConfig, validation_windows
+from trainer.model.pe_layers import stack_groups
 from trainer.model.position import step_cost_key
 from trainer.model.throughput import param_count
 
@@ -49,6 +50,8 @@ def _eval_steps(cfg: RunConfig) -> float:
 def _shape_key(cfg: RunConfig) -> str:
     model = asdict(cfg.model)
     model["pe"] = step_cost_key(cfg.model.pe)  # θ, basis: same cost
+    if cfg.model.pe_layers:  # a hybrid stack: each encoding's cost keys at its layers
+        model["pe_layers"] = [[step_cost_key(g.pe), list(g.layers)] for g in stack_groups(cfg.model)]
     return json.dumps([model, cfg.train.batch_size, cfg.train.threads], sort_keys=True, default=str)
 
 

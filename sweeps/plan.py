@@ -31,7 +31,7 @@ from trainer.config import RunConfig, config_errors, config_hash, metric_names
 from trainer.data.tasks.fit import task_fit_problems
 from trainer.evals.attention_dump import check_budget
 from trainer.labels import value_label
-from trainer.model.position import dedup_pe
+from trainer.model.pe_layers import stack_dedup
 from trainer.presets import merge_config, preset_layer
 from trainer.run.distributed import STRATEGIES
 
@@ -190,7 +190,8 @@ def metric_driven(spec: SweepSpec) -> bool:
 def canonical(cfg: RunConfig) -> RunConfig:
     """The config with every setting that provably cannot change the model put to a fixed value."""
     c = copy.deepcopy(cfg)
-    c.model.pe = dedup_pe(c.model.pe)  # the encoding registry says which settings are irrelevant
+    # the encoding registry says which settings are irrelevant, layer by layer in a hybrid stack
+    c.model.pe, c.model.pe_layers = stack_dedup(c.model)
     return c
 
 

@@ -176,3 +176,53 @@ def test_hdrope_export_of_a_trained_string_checkpoint_gives_its_logits(tmp_path,
     x = torch.randint(0, cfg.model.vocab_size, (2, 80))
     with torch.no_grad():
         torch.testing.assert_close(hf(x).logits, model(x), atol=1e-4, rtol=0)
+
+
+NOPE_EVERY_4TH = "model.pe_layers=[{layers: 'every 4th', pe: {kind: nope}}]"
+STACKS = {  # issue 46: the hybrid stacks transformers 5 holds, as SmolLM3's no_rope_layers and layer_types
+    "4D Paley + NoPE every 4th": ["model.n_layers=8", NOPE_EVERY_4TH],
+    "RNoPE-SWA: RoPE local, NoPE global": ["model.n_layers=4", "model.pe.kind=rope", NOPE_EVERY_4TH,
+                                           "model.window=16", "model.layer_pattern='3 local, 1 global'"],
+}
+
+
+@pytest.mark.parametrize("stack", list(STACKS))
+def test_a_hybrid_stack_exports_as_smollm3_with_the_same_logits_and_greedy_decoding(tmp_path, stack):
+    from transformers import AutoModelForCausalLM
+
+    cfg = load_config("tiny", STACKS[stack])
+    torch.manual_seed(3)
+    ours = Llama(cfg.model).eval()
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    out = export_model(cfg, ours, tmp_path / "hf")
+    written = json.loads((out / "config.json").read_text())
+    n = cfg.model.n_layers
+    assert written["model_type"] == "smollm3"
+    assert written["no_rope_layers"] == [int((i + 1) % 4 != 0) for i in range(n)]
+    assert written["layer_types"] == ["sliding_attention" if w else "full_attention" for w in cfg.model.layer_windows]
+    hf = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
+    assert type(hf).__name__ == "SmolLM3ForCausalLM"
+    x = torch.randint(0, cfg.model.vocab_size, (2, 96))  # past the train length (64) and the window
+    with torch.no_grad():
+        diff = (hf(x).logits - ours(x)).abs().max().item()
+    assert diff < 1e-5, diff
+    prompt = x[0, :20].tolist()
+    theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False)[0, len(prompt):].tolist()
+    assert theirs == greedy_generate(ours, prompt, 30)
+
+
+@pytest.mark.parametrize("layers,reason", [
+    ("[{layers: [1], pe: {kind: rope}}]", r"model.pe_layers: layers 1 \(rope\) and layers 0, 2, 3 \(hdrope\) need two "
+                                          "different rotaries"),
+    ("[{layers: [2], pe: {kind: alibi}}]", r"model.pe_layers: layers 2 \(alibi\): model.pe.kind='alibi' is not "
+                                           "exportable"),
+])
+def test_a_stack_hf_cannot_hold_is_refused_naming_the_layer(tmp_path, layers, reason):
+    from hdrope.errors import UserError
+
+    cfg = load_config("tiny", ["model.n_layers=4", f"model.pe_layers={layers}"])
+    with pytest.raises(UserError, match=reason):
+        export_model(cfg, Llama(cfg.model), tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()

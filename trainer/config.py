@@ -374,10 +374,12 @@ def _attention_errors(cfg: RunConfig) -> list[str]:
     if requested in ("auto", "dense", "tiled") or not isinstance(requested, str):
         return []  # these serve every kind everywhere; an unknown name is the model's own check
     from trainer.model.attention.paths import path_problem
+    from trainer.model.pe_layers import stack_groups
     from trainer.model.position import encoding_scores
 
     try:
-        scores = encoding_scores(cfg.model.pe, cfg.model.encoding_shape)
+        groups = stack_groups(cfg.model)
+        scores = [encoding_scores(g.pe, g.shape) for g in groups]
     except UserError:
         return []  # the encoding's own problems are reported by the model's checks
     device = cfg.train.device
@@ -385,8 +387,12 @@ def _attention_errors(cfg: RunConfig) -> list[str]:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    problem = path_problem(requested, scores, device, training=True)
-    return [f"{problem} (train.device={cfg.train.device!r})"] if problem else []
+    for group, kind_scores in zip(groups, scores, strict=True):
+        problem = path_problem(requested, kind_scores, device, training=True)
+        if problem:
+            layers = f", layers {', '.join(map(str, group.layers))} ({group.pe.kind})" if len(groups) > 1 else ""
+            return [f"{problem} (train.device={cfg.train.device!r}{layers})"]
+    return []
 
 
 def config_errors(cfg: RunConfig) -> list[str]:

@@ -189,19 +189,20 @@ class _Layer:
         return maps, entropy.mean(-1)
 
 
-def _layer_maps(model: Llama, call: AttentionCall, heads: list[int], form: DumpForm
+def _layer_maps(model: Llama, layer: int, call: AttentionCall, heads: list[int], form: DumpForm
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(maps, entropy, logit sums, logit counts) of one sample's layer call: the dense weights when the map is
+    """(maps, entropy, logit sums, logit counts) of one sample's call of `layer`: the dense weights when the map is
     stored full at a length of one tile or less, else tile by tile."""
     length = call.q.shape[-2]
+    pe = model.layer_encoding(layer)
     if form.form == "full" and length <= DEFAULT_BLOCK:
-        logits = dense_logits(model.pe, call)[0, heads].double().cpu()
-        maps = dense_weights(model.pe, call)[0, heads].double().cpu()
+        logits = dense_logits(pe, call)[0, heads].double().cpu()
+        maps = dense_weights(pe, call)[0, heads].double().cpu()
         layer = _Layer(len(heads), length, form)
         layer.add(0, length, 0, length, maps, logits)
         return (*layer.finish(), layer.logit_sum, layer.logit_count)
     layer = _Layer(len(heads), length, form)
-    for i0, i1, j0, j1, weights, scores in tile_weights(model.pe, call, model.args.attention_block or DEFAULT_BLOCK):
+    for i0, i1, j0, j1, weights, scores in tile_weights(pe, call, model.args.attention_block or DEFAULT_BLOCK):
         layer.add(i0, i1, j0, j1, weights[0, heads].cpu(), scores[0, heads].cpu())
     return (*layer.finish(), layer.logit_sum, layer.logit_count)
 
@@ -234,7 +235,7 @@ def dump_attention(model: Llama, tokens: torch.Tensor, cfg: DumpConfig, ids: Dum
         for layer in layers:
             # what the model's attention sees and does, score bias, CoPE's positions, FoX's gates and stick-breaking
             # included
-            parts = [_layer_maps(model, capture[layer], heads, form) for capture in captured]
+            parts = [_layer_maps(model, layer, capture[layer], heads, form) for capture in captured]
             maps = torch.stack([p[0] for p in parts])  # (samples, heads, M, N)
             entropy = torch.stack([p[1] for p in parts]).reshape(-1).numpy()
             logit_sum, logit_count = sum(p[2] for p in parts), sum(p[3] for p in parts)

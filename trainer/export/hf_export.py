@@ -8,8 +8,13 @@ unchanged at every position. A kind with a basis of its own (Cayley-STRING's lea
 `PositionModule.fold`) is R in that basis, so its rows become P·Bᵀ·C_hᵀ·W. The pairs' frequencies (several
 pairs share one at N > 2, scaled or not) are written as HF `longrope` per-frequency factors (short and long
 lists equal, the attention factor explicit); unscaled N = 2 with the identity basis is plain `default` RoPE.
-Inference then runs at RoPE's cost in any HF-compatible engine. Encodings without a rotary form (NoPE) and
-sequence-length dependent scalings (dynamic, longrope) are refused with a clear error.
+Inference then runs at RoPE's cost in any HF-compatible engine. Kinds without a rotary form and sequence-length
+dependent scalings (dynamic, longrope) are refused with a clear error.
+
+A hybrid stack (`model.pe_layers`) or a model with sliding windows exports as `SmolLM3ForCausalLM`, whose weights
+are Llama's: NoPE layers as its `no_rope_layers`, windowed layers as `layer_types` "sliding_attention" with
+`sliding_window`, and the rotary layers through the one rotary HF holds per model (they must share it: a stack that
+mixes, say, RoPE and 4D Paley layers is refused, naming the layers).
 
 The directory is written as plain files, without transformers: config.json and generation_config.json
 (the run tokenizer's bos/eos/pad ids), model.safetensors, the run's tokenizer.json when it has one and
@@ -22,6 +27,7 @@ import json
 import os
 import shutil
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +42,11 @@ from trainer.config import RunConfig, config_hash
 from trainer.export.hf_compat import hf_config_dict, special_token_ids, to_hf_state_dict
 from trainer.files.dir_lock import refuse_non_directory
 from trainer.model.llama import Llama, ModelArgs
-from trainer.model.position import hf_rotary
+from trainer.model.pe_layers import stack_groups
+from trainer.model.position import POSITION_ENCODINGS, hf_rotary
 from trainer.run.trained import load_trained, run_tokenizer
 
-__all__ = ["export_checkpoint", "export_model", "hf_rotary_map"]
+__all__ = ["HFStack", "export_checkpoint", "export_model", "hf_architecture", "hf_rotary_map", "hf_stack"]
 
 
 def _pairs(generator: np.ndarray) -> list[tuple[int, int]]:
@@ -49,10 +56,11 @@ def _pairs(generator: np.ndarray) -> list[tuple[int, int]]:
     return [(a, b) for a, b in b_of.items() if generator[a, b] < -0.5]
 
 
-def hf_rotary_map(a: ModelArgs) -> tuple[np.ndarray, dict[str, Any]]:
+def hf_rotary_map(a: ModelArgs, pe: Any = None) -> tuple[np.ndarray, dict[str, Any]]:
     """(M, rope_parameters): HF's q/k of a head are M·(ours), M = P·Bᵀ (head_dim²), with HF rope parameters
-    reproducing the pair frequencies exactly."""
-    rot = hf_rotary(a.pe, a.encoding_shape)  # the kind's exact HF rotary; UserError unless exportable
+    reproducing the pair frequencies exactly; of `pe` (default: model.pe) in a model of `a`'s shape."""
+    pe = a.pe if pe is None else pe
+    rot = hf_rotary(pe, a.encoding_shape)  # the kind's exact HF rotary; UserError unless exportable
     if is_seq_dependent(rot.scaling):
         raise UserError(f"model.pe.scaling={rot.scaling['rope_type']!r} depends on the sequence length: not "
                         "exportable with per-frequency factors; export an unscaled or linear/yarn/llama3 model")
@@ -67,13 +75,68 @@ def hf_rotary_map(a: ModelArgs) -> tuple[np.ndarray, dict[str, Any]]:
         perm[k, ca] = perm[k + d // 2, cb] = 1.0
     m = perm @ fold_matrix(rot).T
     freqs = np.array([channel_freq[ca] for ca, _ in pairs])
-    theta = float(a.pe.theta)
+    theta = float(pe.theta)
     hf_base = theta ** (-np.arange(0, d, 2) / d)
     if sf.attention_factor == 1.0 and np.array_equal(freqs, hf_base):  # RoPE itself (N = 2, unscaled)
         return m, {"rope_type": "default", "rope_theta": theta}
     factors = (hf_base / freqs).tolist()  # HF longrope: inv_freq_k = hf_base_k / factor_k
     return m, {"rope_type": "longrope", "rope_theta": theta, "short_factor": factors, "long_factor": factors,
                "original_max_position_embeddings": a.max_seq_len, "attention_factor": float(sf.attention_factor)}
+
+
+@dataclass(frozen=True)
+class HFStack:
+    """How a model's layers map onto HF: the one rotary its position-carrying layers share (M and rope_parameters,
+    `hf_rotary_map`), which layers carry no position (HF's `no_rope_layers`: 0) and each layer's sliding window."""
+
+    m: np.ndarray
+    rope_parameters: dict[str, Any]
+    no_rope: tuple[int, ...]
+    windows: tuple[int, ...]
+
+    @property
+    def plain(self) -> bool:
+        """Whether a LlamaForCausalLM holds it: every layer rotary, none windowed."""
+        return not self.no_rope and not any(self.windows)
+
+
+def hf_stack(a: ModelArgs) -> HFStack:
+    """The model's layers as HF holds them (`HFStack`); UserError naming the layers and the reason where HF cannot:
+    a layer of a kind without an exact HF rotary, or rotary layers that need two rotaries (HF has one per model)."""
+    groups = stack_groups(a)
+    hybrid = len(groups) > 1
+    rotary = [g for g in groups if not POSITION_ENCODINGS[g.pe.kind].positionless]
+    maps = []
+    for g in rotary:
+        try:
+            maps.append(hf_rotary_map(a, g.pe))
+        except UserError as err:
+            if not hybrid:
+                raise
+            raise UserError(f"model.pe_layers: layers {', '.join(map(str, g.layers))} ({g.pe.kind}): {err}; export "
+                            "a stack whose layers are NoPE or share one exportable rotary") from None
+    for g, (m, params) in zip(rotary[1:], maps[1:], strict=True):
+        if params != maps[0][1] or not np.array_equal(m, maps[0][0]):
+            first = rotary[0]
+            raise UserError(f"model.pe_layers: layers {', '.join(map(str, g.layers))} ({g.pe.kind}) and layers "
+                            f"{', '.join(map(str, first.layers))} ({first.pe.kind}) need two different rotaries, and "
+                            "HF holds one rotary for every layer of a model; export a stack whose rotary layers share "
+                            "one encoding (the others NoPE)")
+    m, params = maps[0] if maps else (np.eye(a.resolved_head_dim), {"rope_type": "default", "rope_theta": 10000.0})
+    no_rope = tuple(sorted(i for g in groups if POSITION_ENCODINGS[g.pe.kind].positionless for i in g.layers))
+    return HFStack(m, params, no_rope, tuple(a.layer_windows))
+
+
+def hf_architecture(a: ModelArgs, stack: HFStack) -> dict[str, Any]:
+    """The config.json keys that name the HF architecture and its per-layer choices: LlamaForCausalLM for a plain
+    stack, else SmolLM3ForCausalLM (Llama's weights, with `no_rope_layers` and per-layer `layer_types`)."""
+    if stack.plain:
+        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}
+    window = max(stack.windows)
+    return {"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3",
+            "no_rope_layers": [int(i not in stack.no_rope) for i in range(a.n_layers)],
+            "use_sliding_window": bool(window), "sliding_window": window or None,
+            "layer_types": ["sliding_attention" if w else "full_attention" for w in stack.windows]}
 
 
 def _check_out_dir(out_dir: Path) -> None:
@@ -118,13 +181,12 @@ def export_model(cfg: RunConfig, model: Llama, out_dir: Path, tok: Any = None) -
     out_dir = Path(out_dir)
     _check_out_dir(out_dir)
     a = cfg.model
-    m, rope_parameters = hf_rotary_map(a)
+    stack = hf_stack(a)
     tok = tok if tok is not None else run_tokenizer(cfg)
     ids = special_token_ids(tok)
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "dtype": dtype,
-              **hf_config_dict(a, rope_parameters, ids)}
-    state = _hf_state(model, m, a.resolved_head_dim, a.tie_embeddings)
+    config = {**hf_architecture(a, stack), "dtype": dtype, **hf_config_dict(a, stack.rope_parameters, ids)}
+    state = _hf_state(model, stack.m, a.resolved_head_dim, a.tie_embeddings)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.parent / f".{out_dir.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()  # with the umask's mode, as out_dir would have

@@ -50,6 +50,9 @@ class ModelArgs:
     attention_block: int = field(default=0, metadata=NEW_SETTING)  # tokens per tile of the tiled path; 0: 256
     window: int = field(default=0, metadata=NEW_SETTING)  # sliding window of the local layers in tokens; 0: none
     layer_pattern: str = field(default="", metadata=NEW_SETTING)  # e.g. "3 local, 1 global"; "": all alike
+    # a position encoding per layer (trainer.model.pe_layers): [{layers: 'every 4th', pe: {kind: nope}}], or one
+    # model.pe section per layer; []: every layer takes pe
+    pe_layers: list[Any] = field(default_factory=list, metadata=NEW_SETTING)
 
     @property
     def layer_windows(self) -> list[int]:
@@ -95,8 +98,8 @@ def validate_model_args(a: ModelArgs) -> None:
                         "window of that many tokens or more is global attention at the train length); use 0 for "
                         f"none or a smaller window, e.g. {max(1, a.max_seq_len // 2)}")
     a.layer_windows  # noqa: B018 -- parses model.layer_pattern: UserError naming it
-    from trainer.model.position import encoding_problems
+    from trainer.model.pe_layers import stack_problems
 
-    problems = encoding_problems(a.pe, a.encoding_shape)
+    problems = stack_problems(a)
     if problems:
         raise UserError("; ".join(problems))

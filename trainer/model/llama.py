@@ -22,7 +22,8 @@ from trainer.model.attention.documents import Documents
 from trainer.model.attention.paths import choose_path, run_attention
 from trainer.model.attention.tiled import DEFAULT_BLOCK
 from trainer.model.kv_cache import KVCache
-from trainer.model.position import PositionEncoding, build_position_encoding
+from trainer.model.pe_layers import build_stack
+from trainer.model.position import PositionEncoding
 
 __all__ = ["AttentionCall", "KVCache", "Llama", "ModelArgs", "validate_model_args"]
 
@@ -68,8 +69,9 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = pe.rotate(q, k, tables, self.layer)
-        state = pe.token_state(x, self.layer)
+        pe, tables, at = pe.layer_view(tables, self.layer)  # this layer's encoding (model.pe_layers) and its index
+        q, k = pe.rotate(q, k, tables, at)
+        state = pe.token_state(x, at)
         k_index, k_pos, segments = ctx.first, ctx.positions, ctx.segments
         if ctx.cache is not None:  # a windowed layer keeps what its next queries can see (and the state reach)
             keep = max(1, self.window - 1 + pe.state_reach) if self.window else 0
@@ -77,7 +79,7 @@ class Attention(nn.Module):
             k_pos = ctx.cache.positions[:, k_index:]
             segments = None if ctx.cache.segments is None else ctx.cache.segments[:, k_index:]
         call = AttentionCall(q, k, v, ctx.positions, k_pos, AttentionMask(ctx.first, k_index, self.window, segments),
-                             state, self.layer)
+                             state, at)
         if ctx.capture is not None:
             ctx.capture[self.layer] = call
         y = run_attention(pe, call, ctx.attention, ctx.block)
@@ -114,7 +116,7 @@ class Llama(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         validate_model_args(args)
-        self.pe = build_position_encoding(args.pe, args.encoding_shape)
+        self.pe = build_stack(args)  # one encoding for every layer, or one per distinct model.pe_layers section
         self.args = args
         self.documents: Documents | None = None  # set by the trainer when data.documents.mask is on
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
@@ -146,16 +148,22 @@ class Llama(nn.Module):
         """The attention path `model.attention` takes at each named sequence length on `device` ('cpu' or 'cuda'),
         training at `training_at` and evaluating elsewhere: one name, or each path with the layers that take it."""
         a = self.args
-        scores, block = type(self.pe).scores_kind(), a.attention_block or DEFAULT_BLOCK
+        block = a.attention_block or DEFAULT_BLOCK
+        pes = [self.layer_encoding(i) for i in range(a.n_layers)]
         out = {}
         for name, length in lengths.items():
-            chosen = [choose_path(a.attention, scores, device, name == training_at, length, length,
-                                  self.documents is None and not window, block, not self.pe.widens)
-                      for window in a.layer_windows]
+            chosen = [choose_path(a.attention, type(pe).scores_kind(), device, name == training_at, length, length,
+                                  self.documents is None and not window, block, not pe.widens)
+                      for pe, window in zip(pes, a.layer_windows, strict=True)]
             paths = dict.fromkeys(chosen)
             out[name] = chosen[0] if len(paths) == 1 else ", ".join(
                 f"{p} (layers {', '.join(str(i) for i, c in enumerate(chosen) if c == p)})" for p in paths)
         return out
+
+    def layer_encoding(self, layer: int) -> PositionEncoding:
+        """The position-encoding module that serves layer `layer` (its attention calls carry that module's own index
+        of the layer)."""
+        return self.pe.layer_view(None, layer)[0]
 
     def num_params(self, include_embeddings: bool = True) -> int:
         """Parameter count (tied weights counted once)."""

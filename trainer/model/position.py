@@ -91,7 +91,8 @@ def identity_keys() -> tuple[str, ...]:
     """Config keys the label is a function of (every registered kind's, and the kind): a report never needs them
     as extra grouping columns."""
     keys = dict.fromkeys(["kind", *(k for kind in POSITION_ENCODINGS.values() for k in kind.identity_keys)])
-    return tuple(f"model.pe.{k}" for k in keys)
+    # a label also says what each layer takes and which layers see a window (trainer.model.pe_layers.stack_identity)
+    return (*(f"model.pe.{k}" for k in keys), "model.pe_layers", "model.window", "model.layer_pattern")
 
 
 def identity_is_rope(row: Mapping[str, Any]) -> bool:

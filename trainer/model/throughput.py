@@ -16,6 +16,7 @@ import time
 import torch
 
 from trainer.model.args import ModelArgs
+from trainer.model.pe_layers import stack_groups
 from trainer.model.position import encoding_flops, encoding_params
 
 __all__ = ["flops_per_token", "matmul_params", "param_count", "peak_flops"]
@@ -37,13 +38,13 @@ def param_count(a: ModelArgs) -> int:
     """Parameters of `Llama(a)` (tied weights counted once), the encoding's own included, without building it."""
     embedding = 0 if a.tie_embeddings else a.vocab_size * a.dim
     norms = (2 * a.n_layers + 1) * a.dim
-    return matmul_params(a) + embedding + norms + encoding_params(a.pe, a.encoding_shape)
+    return matmul_params(a) + embedding + norms + sum(encoding_params(g.pe, g.shape) for g in stack_groups(a))
 
 
 def flops_per_token(a: ModelArgs, seq_len: int) -> float:
     """Training FLOPs (forward + backward) per token at sequence length seq_len."""
     attention = 12.0 * a.n_layers * a.n_heads * a.resolved_head_dim * seq_len
-    return 6.0 * matmul_params(a) + attention + encoding_flops(a.pe, a.encoding_shape)
+    return 6.0 * matmul_params(a) + attention + sum(encoding_flops(g.pe, g.shape) for g in stack_groups(a))
 
 
 @functools.lru_cache(maxsize=4)

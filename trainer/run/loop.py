@@ -64,7 +64,7 @@ from trainer.files.run_files import (
     write_json_atomic,
 )
 from trainer.model.llama import Llama
-from trainer.model.position import encoding_identity
+from trainer.model.pe_layers import stack_identity
 from trainer.model.throughput import flops_per_token, peak_flops
 from trainer.presets import config_yaml
 from trainer.run.checkpoint import damaged_checkpoints, latest_checkpoint, load_checkpoint, read_state, save_checkpoint
@@ -476,7 +476,7 @@ def _finish(run: _Run, stop_reason: str, window_steps: int) -> TrainResult:
         peak = peak_flops(run.device, run.amp_dtype, cfg.train.peak_tflops) * run.world.size  # all workers' devices
         final.update(tokens_per_s=tps, mfu=tps * flops_per_token(cfg.model, cfg.model.max_seq_len) / peak)
     artifacts: dict[str, Path] = {"position_loss": run.run_dir / POSITION_LOSS_FILE}
-    identity = encoding_identity(cfg.model.pe)
+    identity = stack_identity(cfg.model)
     write_position_loss(validation.by_position, cfg.eval.position_bins, cfg.eval.position_spacing,
                         artifacts["position_loss"], lambda n: run_columns(cfg.name, run.chash, identity, n),
                         validation.limited, cfg.model.max_seq_len)
@@ -496,7 +496,7 @@ def _finish(run: _Run, stop_reason: str, window_steps: int) -> TrainResult:
     if cfg.dump.enabled:
         length = cfg.dump.seq_len or cfg.model.max_seq_len
         probe = val_windows(run.data.tokens.val, length, cfg.dump.samples)[:, :length]
-        ids = DumpIds(cfg.name, run.chash, run.step, encoding_identity(cfg.model.pe))
+        ids = DumpIds(cfg.name, run.chash, run.step, stack_identity(cfg.model))
         attn, prof = dump_attention(run.model, probe, cfg.dump, ids, run.run_dir / "attention")
         artifacts["attention"], artifacts["logit_profile"] = attn, prof
     run.emit(final)

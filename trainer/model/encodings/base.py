@@ -63,6 +63,12 @@ class PositionModule(nn.Module):
         """q (batch, heads, seq, d) and k (batch, kv_heads, seq, d) after the encoding's transform at `layer`."""
         return q, k
 
+    def layer_view(self, tables: Any, layer: int) -> tuple[PositionModule, Any, int]:
+        """The module that serves model layer `layer`, its tables (from `tables`) and the layer's index within it:
+        this module, its tables and `layer`, except in a hybrid stack (`LayeredEncoding`), where each layer is its
+        part's."""
+        return self, tables, layer
+
     def token_state(self, x: torch.Tensor, layer: int = 0) -> torch.Tensor | None:
         """What the kind reads from the attention input x (batch, seq, dim) at `layer`: floats (batch, heads, seq, ...)
         per token that the KV cache keeps beside its key (FoX's log forget gates, PaTH's Householder directions), or

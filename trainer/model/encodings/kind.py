@@ -77,6 +77,7 @@ class EncodingKind:
     # its distinct rotation frequencies (radians per token) for a model of that shape; None: no frequency ladder
     frequencies: Callable[[Any, EncodingShape], np.ndarray] | None = None
     lengths: tuple[LengthField, ...] = ()  # its config fields that are lengths in tokens (the planner checks them)
+    positionless: bool = False  # its attention sees no position at all (NoPE): HF holds it as a no-RoPE layer
 
     def invariant(self, pe: Any) -> bool:
         """Whether a config of this kind is translation-invariant: its logits depend only on m - n."""

@@ -1,0 +1,202 @@
+"""A position encoding per layer (`model.pe_layers`, issue 46): a hybrid stack computes, layer by layer, exactly what
+each layer's own kind computes there; every attention path equals the dense one for it, with masks, windows and a KV
+cache; it is one variant to plans, labels, dedup and MLflow; it trains and resumes exactly; bad lists are refused
+before training, naming the field."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hdrope.errors import UserError
+from trainer.config import config_errors, config_hash
+from trainer.model.attention.documents import Documents
+from trainer.model.llama import KVCache, Llama, ModelArgs, _Context
+from trainer.model.pe_layers import (
+    HYBRID_KIND,
+    every_nth,
+    layer_sections,
+    stack_dedup,
+    stack_groups,
+    stack_identity,
+)
+from trainer.model.position import pe_config_class
+from trainer.run.loop import train
+
+EOS = 5
+# FIRE (per-layer MLPs) on layers 0 and 2, so its part's layer 1 is model layer 2; RoPE, then CoPE (a carry)
+MIXED = [{"kind": "fire"}, {"kind": "rope"}, {"kind": "fire"}, {"kind": "cope"}]
+
+
+def _args(pe_layers, n_layers: int = 4, pe=None, **more) -> ModelArgs:
+    return ModelArgs(vocab_size=32, dim=32, n_layers=n_layers, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=32,
+                     pe=pe or pe_config_class("rope")(kind="rope"), pe_layers=pe_layers, **more)
+
+
+def _model(pe_layers, **more) -> Llama:
+    """A tiny float64 hybrid whose encodings' parameters are moved off their initial values."""
+    torch.manual_seed(0)
+    model = Llama(_args(pe_layers, **more)).double()
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.pe.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    return model
+
+
+def _tokens(batch: int = 2, seq: int = 23) -> torch.Tensor:
+    tokens = torch.randint(6, 32, (batch, seq), generator=torch.Generator().manual_seed(3))
+    tokens[0, 7] = tokens[0, 16] = tokens[1, 15] = EOS
+    return tokens
+
+
+def _plain_twin(hybrid: Llama, kind: str) -> Llama:
+    """A model of `kind` on every layer with the hybrid's weights, its encoding's per-layer parameters those of the
+    hybrid's part at the layers that part serves."""
+    twin = Llama(_args([], pe=pe_config_class(kind)(kind=kind))).double()
+    twin.load_state_dict({k: v for k, v in hybrid.state_dict().items() if not k.startswith("pe.")}, strict=False)
+    group = next(g for g in stack_groups(hybrid.args) if g.pe.kind == kind)
+    part = hybrid.layer_encoding(group.layers[0])
+    with torch.no_grad():
+        for (name, mine), theirs in zip(twin.pe.named_parameters(), part.parameters(), strict=True):
+            if mine.shape == theirs.shape:
+                mine.copy_(theirs)  # one table for all layers
+            else:
+                assert mine.shape[0] == hybrid.args.n_layers and theirs.shape[0] == len(group.layers), name
+                mine[list(group.layers)] = theirs
+    return twin
+
+
+def test_a_hybrid_computes_at_each_layer_what_its_own_kind_computes_there():
+    hybrid = _model(MIXED)
+    assert [type(hybrid.layer_encoding(i)).__name__ for i in range(4)] == ["Fire", "HDRotaryEncoding", "Fire", "CoPE"]
+    assert hybrid.layer_encoding(0) is hybrid.layer_encoding(2)  # equal sections share one module
+    twins = {kind: _plain_twin(hybrid, kind) for kind in ("fire", "rope", "cope")}
+    tokens = _tokens()
+    positions = torch.arange(tokens.shape[1])
+    h = hybrid.tok_embeddings(tokens)
+    ctx = _Context(None, None, "dense", 0, positions[None], None, 0)
+    for i, block in enumerate(hybrid.layers):
+        pe = twins[MIXED[i]["kind"]].pe  # the plain model's encoding at model layer i
+        h = block(h, pe, pe.tables(positions, h.dtype, tokens.shape[1]), ctx)
+    torch.testing.assert_close(hybrid(tokens), hybrid.output(hybrid.norm(h)), atol=1e-12, rtol=0)
+
+
+def _run(model: Llama, path: str, tokens: torch.Tensor):
+    model.args.attention = path
+    model.zero_grad()
+    out = model(tokens)
+    (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=out.dtype)).sum().backward()
+    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("masks", ["causal", "documents and windows"])
+def test_a_hybrid_is_the_same_on_every_path_in_values_gradients_and_through_a_kv_cache(masks):
+    more = {"window": 6, "layer_pattern": "1 local, 1 global", "attention_block": 5} if masks != "causal" else \
+        {"attention_block": 5}
+    model = _model(MIXED, **more)
+    model.documents = Documents(EOS, True) if masks != "causal" else None
+    tokens = _tokens()
+    want, want_grads = _run(model, "dense", tokens)
+    got, got_grads = _run(model, "tiled", tokens)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+    assert set(got_grads) == set(want_grads) and {"pe.parts.0", "pe.parts.2"} <= {n[:10] for n in got_grads}
+    for name, grad in want_grads.items():  # FIRE computes its bias in float32, as its official code
+        torch.testing.assert_close(got_grads[name], grad, atol=5e-7, rtol=5e-7, msg=name)
+    with torch.no_grad():
+        cache = KVCache(4)
+        steps = [model(tokens[:, :9], cache=cache)] + [model(tokens[:, i:i + 4], cache=cache) for i in range(9, 23, 4)]
+        model.args.attention = "dense"
+        full = model(tokens)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-7, rtol=0)
+
+
+def test_the_forms_name_the_same_layers():
+    assert every_nth(4, 8) == [3, 7] and every_nth(1, 3) == [0, 1, 2]
+    nope = {"kind": "nope"}
+    pattern = layer_sections([{"layers": "every 4th", "pe": nope}], 8)
+    listed = layer_sections([{"layers": [3, -1], "pe": nope}], 8)
+    assert [s is not None for s in pattern] == [s is not None for s in listed] == [i in (3, 7) for i in range(8)]
+    later = layer_sections([{"layers": "every 2nd", "pe": nope}, {"layers": [3], "pe": {"kind": "alibi"}}], 4)
+    assert [s and s[0]["kind"] for s in later] == [None, "nope", None, "alibi"]  # a later entry wins
+    explicit = [{"kind": "rope"}, {"kind": "rope"}, {"kind": "rope"}, nope]
+    a, b = _args(explicit), _args([{"layers": "every 4th", "pe": nope}])
+    assert stack_identity(a) == stack_identity(b)
+    assert stack_identity(a)["pe_kind"] == HYBRID_KIND and stack_identity(a)["pe_label"] == "RoPE + NoPE at layer 3"
+    eight = _args([{"layers": "every 4th", "pe": nope}], n_layers=8)
+    assert stack_identity(eight)["pe_label"] == "RoPE + NoPE every 4th"
+
+
+def test_a_section_starts_from_its_kinds_defaults_and_equal_sections_are_one_model():
+    args = _args([{"layers": [1], "pe": {"kind": "hdrope", "rotation_dim": 4, "basis": "paley"}}])
+    groups = stack_groups(args)
+    assert [g.layers for g in groups] == [(0, 2, 3), (1,)] and groups[1].pe.theta == 10000.0
+    assert groups[1].shape.n_layers == 1
+    same = _args([{"layers": "every 2nd", "pe": {"kind": "rope"}}])  # RoPE where RoPE is already
+    assert stack_identity(same) == stack_identity(_args([]))
+    assert stack_dedup(same) == (stack_dedup(_args([]))[0], [])
+    # 2D HD-RoPE with any basis is RoPE (NOTES §1): a stack of it dedups to the plain RoPE model
+    two = _args([{"layers": [0], "pe": {"kind": "hdrope", "rotation_dim": 2, "basis": "paley"}}])
+    assert stack_dedup(two)[1] == []
+
+
+def test_a_hybrid_has_its_own_config_hash_and_the_plain_models_keep_theirs(tiny_cfg):
+    plain = tiny_cfg("model.n_layers=4")
+    assert config_hash(plain) == config_hash(tiny_cfg("model.n_layers=4", "model.pe_layers=[]"))
+    hybrid = tiny_cfg("model.n_layers=4", "model.pe_layers=[{layers: 'every 4th', pe: {kind: nope}}]")
+    assert config_hash(hybrid) != config_hash(plain) and not config_errors(hybrid)
+
+
+BAD = {
+    "a per-layer list of the wrong length": ("[{kind: rope}, {kind: nope}]",
+                                             "model.pe_layers: a list of 2 model.pe sections for model.n_layers=4"),
+    "a pattern that does not divide the depth": ("[{layers: 'every 3rd', pe: {kind: nope}}]",
+                                                 "model.pe_layers[0].layers='every 3rd': 3 does not divide"),
+    "a layer the model does not have": ("[{layers: [4], pe: {kind: nope}}]",
+                                        "model.pe_layers[0].layers=[4]: 4 is not a layer"),
+    "an unknown kind": ("[{layers: [1], pe: {kind: ropee}}]", "model.pe_layers[0].pe: model.pe.kind='ropee'"),
+    "a key the kind does not have": ("[{layers: [1], pe: {kind: nope, thetaa: 5}}]",
+                                     "model.pe_layers[0].pe: bad key or value at 'thetaa'"),
+    "an entry without its pe": ("[{layers: [1]}]", "model.pe_layers[0]=['layers']: an entry has exactly"),
+    "a section at a shape its kind refuses": ("[{layers: [1], pe: {kind: hdrope, rotation_dim: 3}}]",
+                                              "model.pe.rotation_dim=3: must be an even integer"),
+    "not a list": ("{kind: nope}", "model.pe_layers={'kind': 'nope'}: must be a list"),
+}
+
+
+def _refusal(tiny_cfg, value: str) -> str:
+    with pytest.raises(UserError) as err:  # refused where the config is merged and validated
+        tiny_cfg("model.n_layers=4", f"model.pe_layers={value}")
+    return str(err.value)
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_a_bad_per_layer_setting_is_refused_before_training_naming_the_field(tiny_cfg, case):
+    value, message = BAD[case]
+    assert message in _refusal(tiny_cfg, value)
+
+
+def test_a_section_a_kind_refuses_names_its_layers(tiny_cfg):
+    text = _refusal(tiny_cfg, "[{layers: [1, 3], pe: {kind: hdrope, rotation_dim: 64}}]")
+    assert text.startswith("model.pe.rotation_dim=64 does not divide")
+    assert text.endswith("(model.pe_layers: layers 1, 3)")
+
+
+def test_a_hybrid_trains_logs_its_identity_and_resumes_exactly(tiny_cfg):
+    from test_train import FAST, Interrupt, StopAt
+
+    from trainer.run.checkpoint import latest_checkpoint
+
+    overrides = ["model.n_layers=4", "model.pe_layers=[{layers: 'every 4th', pe: {kind: nope}}]", "train.steps=16",
+                 "train.ckpt_every=8", "train.eval_every=16", "dump.enabled=true", *FAST]
+    whole = train(tiny_cfg(*overrides, out="whole"))
+    with pytest.raises(Interrupt):
+        train(tiny_cfg(*overrides, out="cut"), StopAt(8))
+    assert latest_checkpoint(whole.run_dir.parent / "cut" / "checkpoints").name == "step_00000008"
+    resumed = train(tiny_cfg(*overrides, out="cut"))
+    assert resumed.resumed_from == 8 and resumed.losses == whole.losses
+    import pyarrow.parquet as pq
+
+    dump = pq.read_table(whole.run_dir / "attention" / "attention.parquet").to_pandas()
+    assert set(dump["pe_kind"]) == {HYBRID_KIND} and set(dump["pe_label"]) == {"4D Paley + NoPE at layer 3"}
+    assert sorted(set(dump["layer"])) == [0, 1, 2, 3]
