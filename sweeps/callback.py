@@ -16,7 +16,7 @@ from sweeps.trainable import reported_metrics
 from trainer.config import flatten_config
 from trainer.files.run_files import RESULT_FILE
 from trainer.labels import value_label
-from trainer.model.pe_layers import stack_identity
+from trainer.model.pe_schedule import run_identity
 from trainer.run.tracking import ServerWatch, SweepTracker, cell_run_name, identity_tags, is_outage
 
 __all__ = ["TrackingCallback", "cell_end_ms", "trial_name"]
@@ -42,7 +42,7 @@ def cell_end_ms(run_dir: Path) -> int | None:
 
 def _run_name(plan: Plan, trial_config: dict[str, Any]) -> str:
     cell = plan.trial_cell(trial_config)
-    return cell_run_name(stack_identity(cell.config.model), cell.config.train.seed, cell.values, plan.seed_axes)
+    return cell_run_name(run_identity(cell.config), cell.config.train.seed, cell.values, plan.seed_axes)
 
 
 def _outage_tolerant(hook: Callable[..., None]) -> Callable[..., None]:

@@ -23,7 +23,8 @@ import numpy as np
 
 from hdrope.errors import UserError
 from trainer.config import RunConfig, validation_windows
-from trainer.model.pe_layers import stack_groups, stack_identity
+from trainer.model.pe_layers import stack_groups
+from trainer.model.pe_schedule import run_identity
 from trainer.model.position import encoding_frequencies, encoding_lengths
 
 __all__ = ["DETECT_FRACTION", "MAX_WINDOW_SE", "MIN_FREQUENCIES", "PAIRED_WINDOW_SD", "SMALLEST_BREAK_128",
@@ -94,7 +95,7 @@ def frequency_warnings(cells: Sequence[PlannedCell], total: int) -> list[str]:
             groups.setdefault((c.config.model.encoding_shape.head_dim, len(periods)), []).append((c, periods))
     found = []
     for (d, n), members in groups.items():
-        names = list(dict.fromkeys(stack_identity(c.config.model)["pe_label"] for c, _ in members))
+        names = list(dict.fromkeys(run_identity(c.config)["pe_label"] for c, _ in members))
         labels = ", ".join(names)
         spans = {tuple(np.round(p, 6)) for _, p in members}
         if len(spans) == 1:
@@ -120,7 +121,7 @@ def length_warnings(cfg: RunConfig) -> list[str]:
         for f, value in encoding_lengths(group.pe, group.shape):
             if value < longest:
                 continue
-            label = stack_identity(cfg.model)["pe_label"]
+            label = run_identity(cfg)["pe_label"]
             found.append(f"{label}: {where}.{f.key}={value:g} is at or beyond every evaluated length (the longest "
                          f"is {longest} tokens, train length {cfg.model.max_seq_len}): {f.meaning}, so that is "
                          f"never evaluated; {f.fix}")

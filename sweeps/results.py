@@ -2,7 +2,7 @@
 
 Columns: sweep, cell_id, trained_cell (the cell that actually trained), dedup_of, status
 (FINISHED | FAILED | RUNNING | PENDING | CORRUPT), error, config_hash, the encoding identity of the cell
-(`trainer.model.pe_layers.stack_identity`: pe_kind, pe_label, rotation_dim, basis, basis_seed, theta,
+(`trainer.model.pe_schedule.run_identity`: pe_kind, pe_label, rotation_dim, basis, basis_seed, theta,
 scaling), seed, steps, run_dir, the machine that trained it (`trainer.files.machine.MACHINE_COLUMNS`: cpu_model,
 cpu_capability, gpu, torch_version, threads, from run.json), the axis values (one string column per axis key,
 named by the dotted key), and every final metric the cells planned or produced (val_loss_x16 included when
@@ -23,7 +23,7 @@ from sweeps.plan import Plan
 from trainer.config import BASE_METRICS, metric_names
 from trainer.files.machine import MACHINE_COLUMNS, machine_row
 from trainer.files.run_files import RUN_FILE, read_lm_eval, read_machines, read_result
-from trainer.model.pe_layers import stack_identity
+from trainer.model.pe_schedule import run_identity
 from trainer.model.position import IDENTITY_COLUMNS
 
 __all__ = ["axis_columns", "cell_rows", "planned_frame", "sampled_values", "write_results"]
@@ -57,7 +57,7 @@ def planned_frame(plan: Plan) -> Any:
     import pandas as pd
 
     df = pd.DataFrame([{**axis_columns(c.values), "cell_id": c.cell_id, "status": "FINISHED",
-                        "dedup_of": c.dedup_of, **stack_identity(c.config.model),
+                        "dedup_of": c.dedup_of, **run_identity(c.config),
                         "seed": int(c.config.train.seed)} for c in plan.cells])
     df.attrs = {"axes": plan.axes, "seed_axes": plan.seed_axes}
     return df
@@ -81,7 +81,7 @@ def _row(name: str, cell_id: str, trained_dir: Path, cfg, dedup_of: str | None, 
         **axis_columns(values),
         "sweep": name, "cell_id": cell_id, "trained_cell": trained_dir.name, "dedup_of": dedup_of,
         "status": status, "error": error, "config_hash": config_hash or result.get("config_hash"),
-        **stack_identity(cfg.model), "seed": int(cfg.train.seed), "steps": int(cfg.train.steps),
+        **run_identity(cfg), "seed": int(cfg.train.seed), "steps": int(cfg.train.steps),
         "run_dir": str(trained_dir), **machine,
         **{m: float(v) for m, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
     }

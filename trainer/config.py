@@ -179,6 +179,8 @@ class TrainConfig:
     max_time_s: float = 0.0  # 0: no wall-clock budget
     peak_tflops: float = 0.0  # 0: measure matmul throughput once for the MFU estimate
     progress: bool = False
+    # the encoding changed at given steps (trainer.model.pe_schedule; DroPE: [{step: S, pe: {kind: nope}, lr: ...}])
+    pe_schedule: list[Any] = field(default_factory=list, metadata=NEW_SETTING)
 
 
 @dataclass
@@ -429,6 +431,10 @@ def config_errors(cfg: RunConfig) -> list[str]:
     if not isinstance(d.documents.mask, bool):
         errors.append(f"data.documents.mask={d.documents.mask!r}: must be true or false")
     errors += _attention_errors(cfg)
+    if not any(e.startswith("model.") for e in errors):  # the schedule's encodings are checked at the model's shape
+        from trainer.model.pe_schedule import schedule_problems
+
+        errors += schedule_problems(cfg)
     if d.tokenizer == "bpe" and not 260 <= d.bpe_vocab_size <= 65535:
         errors.append(f"data.bpe_vocab_size={d.bpe_vocab_size!r}: must be in [260, 65535]")
     if not 0 <= d.passkey.min_key <= d.passkey.max_key:

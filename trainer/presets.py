@@ -133,15 +133,14 @@ def select_pe_kind(layers: list, where: str = "config") -> tuple[str, list]:
     return kind, out
 
 
-def _refuse_unlisted(layer: Any, key: str, where: str) -> None:
+def _refuse_unlisted(layer: Any, key: str, example: str, where: str) -> None:
     """UserError naming `key` when the layer sets it to something other than a list (OmegaConf's own error names no
     key for that)."""
     node = OmegaConf.create(layer) if isinstance(layer, dict) else layer
     found = OmegaConf.select(node, key, default=None) if isinstance(node, DictConfig) else None
     if found is not None and not isinstance(found, ListConfig):
         shown = OmegaConf.to_container(found) if isinstance(found, DictConfig) else found
-        raise UserError(f"{where}: {key}={shown!r}: must be a list, e.g. {key}=[{{layers: 'every 4th', pe: {{kind: "
-                        "nope}}]")
+        raise UserError(f"{where}: {key}={shown!r}: must be a list, e.g. {key}=[{example}]")
 
 
 def _without_pe(node: Any) -> Any:
@@ -171,7 +170,9 @@ def merge_config(layers: list, where: str = "config") -> RunConfig:
     path is made absolute here, against the current directory, so a run reads one file wherever it resumes."""
     for layer in layers:
         refuse_interpolations(layer, where)
-        _refuse_unlisted(layer, "model.pe_layers", where)
+        for key, example in (("model.pe_layers", "{layers: 'every 4th', pe: {kind: nope}}"),
+                             ("train.pe_schedule", "{step: 900, pe: {kind: nope}}")):
+            _refuse_unlisted(layer, key, example, where)
     kind, layers = select_pe_kind(layers, where)
     schema = _schema(kind)
     try:

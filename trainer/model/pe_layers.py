@@ -50,7 +50,8 @@ class ModelArgs(Protocol):
     def layer_windows(self) -> list[int]: ...
 
 __all__ = ["HYBRID_KIND", "StackGroup", "build_stack", "every_nth", "layer_configs", "layer_sections", "layers_text",
-           "pe_section", "stack_dedup", "stack_groups", "stack_identity", "stack_problems", "windows_text"]
+           "pe_section", "stack_dedup", "stack_groups", "stack_identity", "stack_problems", "typed_section",
+           "windows_text"]
 
 HYBRID_KIND = "hybrid"  # the identity's pe_kind of a model whose layers take more than one encoding
 _EVERY = re.compile(r"^\s*every\s+(\d+)\s*(?:st|nd|rd|th)?(?:\s+layer)?\s*$", re.IGNORECASE)
@@ -138,8 +139,9 @@ def pe_section(pe: Any) -> dict[str, Any]:
     return dict(_plain(pe))
 
 
-def _typed(section: Any, where: str) -> Any:
-    """The section as its kind's typed config (at that kind's defaults where unset); UserError naming the key."""
+def typed_section(section: Any, where: str) -> Any:
+    """A `model.pe` section (`where` names it) as its kind's typed config (at that kind's defaults where unset);
+    UserError naming the key."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -164,7 +166,7 @@ def _typed(section: Any, where: str) -> Any:
 
 def layer_configs(a: ModelArgs) -> list[Any]:
     """Each layer's typed `model.pe` config (`model.pe` itself where `model.pe_layers` names nothing)."""
-    return [a.pe if s is None else _typed(*s) for s in layer_sections(a.pe_layers, a.n_layers)]
+    return [a.pe if s is None else typed_section(*s) for s in layer_sections(a.pe_layers, a.n_layers)]
 
 
 def _key(pe: Any) -> str:

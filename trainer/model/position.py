@@ -92,7 +92,9 @@ def identity_keys() -> tuple[str, ...]:
     as extra grouping columns."""
     keys = dict.fromkeys(["kind", *(k for kind in POSITION_ENCODINGS.values() for k in kind.identity_keys)])
     # a label also says what each layer takes and which layers see a window (trainer.model.pe_layers.stack_identity)
-    return (*(f"model.pe.{k}" for k in keys), "model.pe_layers", "model.window", "model.layer_pattern")
+    # and which encodings a schedule switches to (trainer.model.pe_schedule.run_identity)
+    return (*(f"model.pe.{k}" for k in keys), "model.pe_layers", "model.window", "model.layer_pattern",
+            "train.pe_schedule")
 
 
 def identity_is_rope(row: Mapping[str, Any]) -> bool:

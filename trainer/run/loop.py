@@ -64,7 +64,9 @@ from trainer.files.run_files import (
     write_json_atomic,
 )
 from trainer.model.llama import Llama
-from trainer.model.pe_layers import stack_identity
+from trainer.model.pe_schedule import lr_override, pe_at, run_identity, switch_encoding
+from trainer.model.pe_schedule import schedule as pe_schedule
+from trainer.model.position import encoding_identity
 from trainer.model.throughput import flops_per_token, peak_flops
 from trainer.presets import config_yaml
 from trainer.run.checkpoint import damaged_checkpoints, latest_checkpoint, load_checkpoint, read_state, save_checkpoint
@@ -268,6 +270,7 @@ class _Run:
             if self.shards:
                 load_from_main(self.parallel, self.train_optimizer, self.model, self.optimizer)
             self.resumed_from, self.last_ckpt = self.step, Path(path)
+        self.follow_schedule()
         if not self.world.main:
             return
         truncate_metrics(self.metrics_file, self.step)
@@ -287,9 +290,14 @@ class _Run:
                         f"its {METRICS_FILE}; restore the checkpoints, or move the run directory away (or pass another "
                         "train.out_dir) to train from step 0")
 
+    def follow_schedule(self) -> None:
+        """Give the model the encoding train.pe_schedule puts in force at the current step (a DroPE switch)."""
+        if self.cfg.train.pe_schedule:
+            switch_encoding(self.model, pe_at(self.cfg, self.step))
+
     def train_step(self) -> float:
         cfg = self.cfg
-        lr = lr_at(self.step, cfg.optim, cfg.train.steps)
+        lr = lr_override(cfg, self.step) or lr_at(self.step, cfg.optim, cfg.train.steps)
         for group in self.train_optimizer.param_groups:
             group["lr"] = lr
         total = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -312,6 +320,7 @@ class _Run:
         self.train_optimizer.step()
         self.train_optimizer.zero_grad(set_to_none=True)
         self.step += 1
+        self.follow_schedule()  # a switch at this step is in force for its evaluations and checkpoint already
         return lr
 
     def settle(self) -> None:
@@ -409,8 +418,11 @@ def _train(run: _Run) -> TrainResult:
     cfg, reporter = run.cfg, run.reporter
     attention = run.model.attention_paths(run.device.type, _evaluated_lengths(cfg))
     if run.world.main:
+        schedule = [{"step": s.step, "pe_label": encoding_identity(s.pe)["pe_label"], "lr": s.lr}
+                    for s in pe_schedule(cfg)]
         claim_run_dir(run.run_dir, run.chash, cfg.name, machine_info(run.device),
-                      {"attention": attention, **({"documents": run.documents} if run.documents else {})})
+                      {"attention": attention, **({"documents": run.documents} if run.documents else {}),
+                       **({"pe_schedule": schedule} if schedule else {})})
         (run.run_dir / "config.yaml").write_text(config_yaml(cfg))
         store_tokenizer(run.run_dir, getattr(run.data.tokenizer, "path", None))
     run.resume()
@@ -476,7 +488,7 @@ def _finish(run: _Run, stop_reason: str, window_steps: int) -> TrainResult:
         peak = peak_flops(run.device, run.amp_dtype, cfg.train.peak_tflops) * run.world.size  # all workers' devices
         final.update(tokens_per_s=tps, mfu=tps * flops_per_token(cfg.model, cfg.model.max_seq_len) / peak)
     artifacts: dict[str, Path] = {"position_loss": run.run_dir / POSITION_LOSS_FILE}
-    identity = stack_identity(cfg.model)
+    identity = run_identity(cfg)
     write_position_loss(validation.by_position, cfg.eval.position_bins, cfg.eval.position_spacing,
                         artifacts["position_loss"], lambda n: run_columns(cfg.name, run.chash, identity, n),
                         validation.limited, cfg.model.max_seq_len)
@@ -496,7 +508,7 @@ def _finish(run: _Run, stop_reason: str, window_steps: int) -> TrainResult:
     if cfg.dump.enabled:
         length = cfg.dump.seq_len or cfg.model.max_seq_len
         probe = val_windows(run.data.tokens.val, length, cfg.dump.samples)[:, :length]
-        ids = DumpIds(cfg.name, run.chash, run.step, stack_identity(cfg.model))
+        ids = DumpIds(cfg.name, run.chash, run.step, run_identity(cfg))
         attn, prof = dump_attention(run.model, probe, cfg.dump, ids, run.run_dir / "attention")
         artifacts["attention"], artifacts["logit_profile"] = attn, prof
     run.emit(final)

@@ -35,7 +35,7 @@ from typing import Any
 from hdrope.errors import UserError
 from trainer.config import RunConfig, config_hash
 from trainer.labels import value_label
-from trainer.model.pe_layers import stack_identity
+from trainer.model.pe_schedule import run_identity
 from trainer.model.position import identity_keys
 from trainer.run.reporting import Reporter
 from trainer.run.store_home import rehome_store
@@ -127,7 +127,7 @@ def experiment(client: Any, name: str, artifact_dir: Path | None = None) -> str:
 def identity_tags(cfg: RunConfig, chash: str | None = None) -> dict[str, str]:
     """The tags that say which model a run trained: its config hash, encoding identity and seed (the same for a
     sweep cell, a `hdrope train` run and the evaluations that attach to them)."""
-    identity = {k: str(v) for k, v in stack_identity(cfg.model).items()}
+    identity = {k: str(v) for k, v in run_identity(cfg).items()}
     return {"config_hash": chash or config_hash(cfg), **identity, "seed": str(cfg.train.seed)}
 
 

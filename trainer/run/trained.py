@@ -19,6 +19,7 @@ from trainer.data.documents import document_policy
 from trainer.data.tokenizer import BUILTIN_TOKENIZERS
 from trainer.files.run_files import TOKENIZER_FILE
 from trainer.model.llama import Llama
+from trainer.model.pe_schedule import model_args_at
 from trainer.presets import merge_config, yaml_layer
 from trainer.run.checkpoint import load_checkpoint, read_state
 
@@ -83,7 +84,7 @@ def load_trained(checkpoint: Path, cfg: RunConfig | None = None, tok: Any = None
     """The model of `checkpoint` with its weights loaded (checksums verified), in eval mode, and its tokenizer."""
     checkpoint = Path(checkpoint)
     cfg = cfg if cfg is not None else run_config(checkpoint)
-    model = Llama(cfg.model)
+    model = Llama(model_args_at(cfg, read_state(checkpoint)["step"]))  # the encoding in force then (a schedule's)
     load_checkpoint(checkpoint, model)
     model.eval()
     tok = tok if tok is not None else run_tokenizer(cfg, checkpoint.parent.parent)

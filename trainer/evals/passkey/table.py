@@ -3,7 +3,7 @@
 
 Columns: length (the prompt's tokens), target_length, length_factor (target_length / the train length), depth (the
 key's depth by `trainer.data.passkey_prompt.key_depth`), depth_target, sample, passkey, generated, correct, then the
-run (run_name, config_hash) and its encoding identity (`trainer.model.pe_layers.stack_identity`).
+run (run_name, config_hash) and its encoding identity (`trainer.model.pe_schedule.run_identity`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from hdrope.errors import UserError
 from trainer.config import RunConfig
 from trainer.evals.attention_dump import identity_arrays, run_columns
-from trainer.model.pe_layers import stack_identity
+from trainer.model.pe_schedule import run_identity
 from trainer.model.position import IDENTITY_COLUMNS
 
 __all__ = ["PASSKEY_SCHEMA", "RUN_COLUMNS", "read_passkey_table", "upgrade_passkey_table", "with_run_columns",
@@ -41,7 +41,7 @@ def write_passkey_table(rows: list[dict[str, Any]], cfg: RunConfig, chash: str, 
 
 def with_run_columns(table: pa.Table, cfg: RunConfig, chash: str) -> pa.Table:
     """`table` with the RUN_COLUMNS of the run of cfg (hash chash) appended, the same on every row."""
-    for name, column in run_columns(cfg.name, chash, stack_identity(cfg.model), len(table)).items():
+    for name, column in run_columns(cfg.name, chash, run_identity(cfg), len(table)).items():
         table = table.append_column(name, column)
     return table
 
