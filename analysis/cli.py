@@ -82,6 +82,8 @@ def report_main(argv: list[str]) -> int:
                    help="also write the study's shipped results into FOLDER, e.g. experiments/results/quickstart")
     p.add_argument("--force", action="store_true",
                    help="with --ship: replace the shipped results of another study already in FOLDER")
+    p.add_argument("--add", action="store_true",
+                   help="with --ship: add the sweep's cells (a later stage: more seeds) to the study shipped in FOLDER")
     p.add_argument("--from-results", default="", metavar="FOLDER",
                    help="rebuild the report from a shipped results folder alone (no run directories)")
     p.add_argument("--out", default="", help="with --from-results: write the Markdown here instead of printing it")
@@ -89,6 +91,8 @@ def report_main(argv: list[str]) -> int:
                    help="rewrite every <!-- results:STUDY:TABLE --> block of README.md and docs/*.md from "
                         "experiments/results/")
     a = p.parse_args(argv)
+    if a.add and not a.ship:
+        raise UserError("--add goes with --ship FOLDER: the study shipped there takes the sweep's cells")
     if a.docs or a.from_results:
         return _shipped_main(a)
     if not a.name:
@@ -106,7 +110,7 @@ def report_main(argv: list[str]) -> int:
     if a.ship:
         from analysis.shipped import ship
 
-        print(f"shipped: {', '.join(str(f) for f in ship(path, a.ship, a.force))}")
+        print(f"shipped: {', '.join(str(f) for f in ship(path, a.ship, a.force, a.add))}")
     return 0
 
 

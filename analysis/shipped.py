@@ -43,7 +43,7 @@ from analysis.comparisons import COLUMNS
 from analysis.variants import trained
 from hdrope.errors import UserError
 
-__all__ = ["CELLS_FILE", "COMPARISONS_FILE", "STUDY_FILE", "Study", "drift", "load_study", "rebuild",
+__all__ = ["CELLS_FILE", "COMPARISONS_FILE", "STUDY_FILE", "Study", "add_stage", "drift", "load_study", "rebuild",
            "refuse_overwrite", "restamp", "rules", "ship"]
 
 CELLS_FILE, COMPARISONS_FILE, STUDY_FILE = "cells.csv", "comparisons.csv", "study.json"
@@ -110,9 +110,10 @@ def refuse_overwrite(out: str | Path, folder: str | Path) -> Path:
     return out
 
 
-def ship(sweep_dir: str | Path, folder: str | Path, force: bool = False) -> list[Path]:
+def ship(sweep_dir: str | Path, folder: str | Path, force: bool = False, add: bool = False) -> list[Path]:
     """Write a finished sweep's cells.csv, comparisons.csv and study.json into folder; returns the files. A folder
-    that holds another study's shipped results is refused unless `force`."""
+    that holds another study's shipped results is refused unless `force`. With `add`, the sweep is a later stage of
+    the study shipped there (more seeds of the same design): its cells join the shipped ones (`add_stage`)."""
     from analysis.load import find_sweep_dir, load_results
     from sweeps.plan_file import PLAN_FILE, load_plan
 
@@ -130,7 +131,40 @@ def ship(sweep_dir: str | Path, folder: str | Path, force: bool = False) -> list
     extra = _run_file_columns(sweep_dir)
     table = results.drop(columns=[c for c in _DROPPED if c in results]).merge(extra, on="cell_id", how="left")
     table.attrs = dict(results.attrs)
+    if add:
+        table = add_stage(load_study(folder), table, questions)
     return _write(folder, table, name, questions)
+
+
+def add_stage(shipped: Study, stage: pd.DataFrame, questions: list[dict]) -> pd.DataFrame:
+    """The shipped study's cells with a later stage's appended: the same study (axes, seed axes, declared
+    questions), none of its cells shipped already (by cell id or config hash), its columns those of the shipped
+    cells; UserError naming what differs and the fix."""
+    fix = "ship the stage into a folder of its own, or run it under the shipped study's spec"
+    where = f"--add {shipped.folder}"
+    if shipped.stale:
+        raise UserError(f"{where}: the shipped cells follow an older rule ({', '.join(shipped.stale)}); ship the "
+                        "whole study again from its runs")
+    old = shipped.results
+    for key in ("axes", "seed_axes"):
+        if list(stage.attrs.get(key, [])) != list(old.attrs.get(key, [])):
+            raise UserError(f"{where}: the sweep's {key} {stage.attrs.get(key)} are not the shipped study's "
+                            f"{old.attrs.get(key)}; {fix}")
+    held = [dict(variant=q.variant, reference=q.reference, metric=q.metric) for q in shipped.questions]
+    if held != questions:
+        raise UserError(f"{where}: the sweep declares {questions}, the shipped study {held}: not one study; {fix}")
+    for key in ("cell_id", "config_hash"):
+        again = sorted(set(stage[key].dropna()) & set(old[key].dropna()))
+        if again:
+            raise UserError(f"{where}: {key} {again[0]!r} is shipped already ({len(again)} cells in all): a stage "
+                            "adds cells the study does not have, e.g. seeds it has not run")
+    if set(stage.columns) != set(old.columns):
+        raise UserError(f"{where}: the sweep's columns differ from the shipped cells' (only the sweep: "
+                        f"{sorted(set(stage.columns) - set(old.columns))[:4]}, only shipped: "
+                        f"{sorted(set(old.columns) - set(stage.columns))[:4]}); {fix}")
+    table = pd.concat([old, stage[list(old.columns)]], ignore_index=True)
+    table.attrs = dict(old.attrs)
+    return table
 
 
 def _write(folder: Path, table: pd.DataFrame, name: str, questions: list[dict]) -> list[Path]:

@@ -249,3 +249,34 @@ def test_a_damaged_study_file_is_a_user_error(shipped, tmp_path):
     (copy / "study.json").write_text("{not json")
     with pytest.raises(UserError, match=r"study\.json: not readable JSON"):
         load_study(copy)
+
+
+def test_a_later_stage_joins_its_shipped_study_and_nothing_else_does(tiny_sweep, shipped, tmp_path):
+    """`hdrope report SWEEP --ship FOLDER --add` (issue 47 §32: a study's last seeds run as a stage of their own)."""
+    import shutil
+
+    from analysis.shipped import add_stage
+
+    folder = tmp_path / "tiny"
+    shutil.copytree(shipped, folder)
+    with pytest.raises(UserError, match="is shipped already"):  # the same cells again
+        ship(tiny_sweep, folder, add=True)
+    study = load_study(folder)
+    stage = study.results.copy()  # the same design at other seeds: new ids and hashes, the seed axis moved on
+    stage["seed"] = stage["seed"] + 10
+    stage["cell_id"] = stage["cell_id"].str.replace("seed", "stage-seed")
+    stage["config_hash"] = stage["config_hash"].str[::-1]
+    stage.attrs = dict(study.results.attrs)
+    both = add_stage(study, stage, [])
+    assert len(both) == 2 * len(study.results) and both["seed"].nunique() == 2 * study.results["seed"].nunique()
+    assert both.attrs == study.results.attrs
+    with pytest.raises(UserError, match="declares"):
+        add_stage(study, stage, [{"variant": "4D Paley", "reference": "RoPE", "metric": "val_loss"}])
+    other = stage.drop(columns=["val_loss_x2"])
+    other.attrs = dict(stage.attrs)
+    with pytest.raises(UserError, match=r"only shipped: \['val_loss_x2'\]"):
+        add_stage(study, other, [])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UserError, match="not a shipped study"):
+        ship(tiny_sweep, empty, add=True)
