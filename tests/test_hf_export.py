@@ -183,6 +183,7 @@ STACKS = {  # issue 46: the hybrid stacks transformers 5 holds, as SmolLM3's no_
     "4D Paley + NoPE every 4th": ["model.n_layers=8", NOPE_EVERY_4TH],
     "RNoPE-SWA: RoPE local, NoPE global": ["model.n_layers=4", "model.pe.kind=rope", NOPE_EVERY_4TH,
                                            "model.window=16", "model.layer_pattern='3 local, 1 global'"],
+    "NoPE on every layer": ["model.pe.kind=nope"],
 }
 
 
@@ -198,9 +199,9 @@ def test_a_hybrid_stack_exports_as_smollm3_with_the_same_logits_and_greedy_decod
             p.add_(torch.randn_like(p) * 0.05)
     out = export_model(cfg, ours, tmp_path / "hf")
     written = json.loads((out / "config.json").read_text())
-    n = cfg.model.n_layers
+    n, every = cfg.model.n_layers, 1 if stack == "NoPE on every layer" else 4
     assert written["model_type"] == "smollm3"
-    assert written["no_rope_layers"] == [int((i + 1) % 4 != 0) for i in range(n)]
+    assert written["no_rope_layers"] == [int((i + 1) % every != 0) for i in range(n)]
     assert written["layer_types"] == ["sliding_attention" if w else "full_attention" for w in cfg.model.layer_windows]
     hf = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
     assert type(hf).__name__ == "SmolLM3ForCausalLM"

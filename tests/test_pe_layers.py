@@ -200,3 +200,37 @@ def test_a_hybrid_trains_logs_its_identity_and_resumes_exactly(tiny_cfg):
     dump = pq.read_table(whole.run_dir / "attention" / "attention.parquet").to_pandas()
     assert set(dump["pe_kind"]) == {HYBRID_KIND} and set(dump["pe_label"]) == {"4D Paley + NoPE at layer 3"}
     assert sorted(set(dump["layer"])) == [0, 1, 2, 3]
+
+
+def test_a_sweep_over_stacks_names_each_one_variant_in_results_reports_and_run_names(tmp_path, cache_dir):
+    """Arms that set several model keys at once (the hybrid study's form): each is one variant, named by its label in
+    results.parquet, the report's variants and the MLflow run names, never by the axis value."""
+    from conftest import train_sweep_in_process
+
+    from analysis.load import load_results
+    from analysis.variants import trained
+    from sweeps.callback import cell_run_name
+    from trainer.model.pe_schedule import run_identity
+
+    spec = tmp_path / "stacks.yaml"
+    spec.write_text(f"""
+name: stacks
+base: tiny
+storage: {tmp_path / 'store'}
+overrides: {{data.cache_dir: {cache_dir}, model.n_layers: 4, train.steps: 6, train.log_every: 3,
+            eval.passkey.enabled: false, eval.extrapolation_batches: 0}}
+axes:
+  model:
+    - {{pe: {{kind: rope}}}}
+    - {{pe: {{kind: rope}}, pe_layers: [{{layers: every 4th, pe: {{kind: nope}}}}]}}
+    - {{pe: {{kind: rope}}, pe_layers: [{{layers: every 4th, pe: {{kind: nope}}}}], window: 16,
+       layer_pattern: "3 local, 1 global"}}
+  seed: [1]
+""")
+    plan = train_sweep_in_process(spec)
+    labels = ["RoPE", "RoPE + NoPE at layer 3", "RoPE + NoPE at layer 3, window 16 at layers 0, 1, 2"]
+    results = load_results(plan.root)
+    assert list(results["pe_label"]) == labels and list(results["pe_kind"]) == ["rope", "hybrid", "hybrid"]
+    assert sorted(trained(results)["variant"]) == sorted(labels)
+    names = [cell_run_name(run_identity(c.config), c.config.train.seed, c.values, plan.seed_axes) for c in plan.cells]
+    assert names == [f"{label.replace(' ', '-')}-θ10000-s1" for label in labels]

@@ -156,8 +156,18 @@ def cell_run_name(identity: dict[str, Any], seed: int, values: dict[str, Any], s
         parts.append(f"θ{identity['theta']:g}")
     parts.append(f"s{seed}")
     skip = {*identity_keys(), "model.pe.theta", *seed_axes}  # what the label already says
-    parts += [f"{k.rsplit('.', 1)[-1]}{value_label(v)}" for k, v in values.items() if k not in skip]
+    parts += [f"{k.rsplit('.', 1)[-1]}{value_label(v)}" for k, v in values.items()
+              if k not in skip and not _said_by_label(k, v, skip)]
     return "-".join(parts)[:250]
+
+
+def _said_by_label(key: str, value: Any, said: set[str]) -> bool:
+    """Whether an axis over a whole config node (`model` with mappings that set pe, pe_layers and window per arm)
+    sets only keys the label says (or under model.pe)."""
+    if not isinstance(value, dict) or not value:
+        return False
+    keys = [f"{key}.{k}" for k in value]
+    return all(k in said or k.startswith("model.pe.") or k == "model.pe" for k in keys)
 
 
 def runs_view(metric: str = "val_loss", ascending: bool = True) -> dict[str, Any]:
