@@ -179,6 +179,11 @@ def _field(config, dotted: str):
     return config
 
 
+def _as_set(config, value):
+    """The part of a typed config that an axis value (a mapping sets each of its keys, nested) sets."""
+    return {key: _as_set(_field(config, key), v) for key, v in value.items()} if isinstance(value, dict) else config
+
+
 # what each kind of plan warning says (sweeps.plan, sweeps.design_warnings, analysis.questions); a shipped spec's
 # header names each kind its plan gives as `# plan warning (<kind>): why` (docs/sweeps.md, "Design warnings")
 WARNING_KINDS = {"frequencies": "distinct frequenc", "windows": "too few validation windows",
@@ -202,10 +207,7 @@ def test_shipped_specs_validate(path):
     assert plan.cells and plan.to_run
     for c in plan.cells:  # every cell carries exactly its axis values (a mapping value: each of its keys)
         for k, v in c.values.items():
-            got = _field(c.config, ALIASES.get(k, k))
-            if isinstance(v, dict):
-                got = {key: _field(got, key) for key in v}
-            assert got == v, (c.cell_id, k)
+            assert _as_set(_field(c.config, ALIASES.get(k, k)), v) == v, (c.cell_id, k)
     given = {_warning_kind(w) for w in plan.warnings} - {"gpu"}
     if plan.spec.resources.gpus or plan.spec.resources.gpus_per_worker:  # warned of only where no GPU is
         given.add("gpu")
