@@ -116,7 +116,8 @@ def test_flex_equals_dense_forward_and_its_score_mod_has_the_dense_gradients(kin
     call = AttentionCall(q, k, call.v, call.q_pos, call.k_pos, call.mask, call.state, call.layer)
     b, h, s, d = q.shape
     index = [torch.arange(n).view(*([1] * i), n, *([1] * (3 - i))) for i, n in enumerate((b, h, s, k.shape[-2]))]
-    raw = (q.view(b, 2, 2, s, d) @ k[:, :, None].transpose(-1, -2)).view(b, h, s, -1) * model.pe.softmax_scale(d)
+    kv = k.shape[1]  # grouped-query attention: h query heads (RoPE++: its real and imaginary ones) over kv
+    raw = (q.view(b, kv, h // kv, s, d) @ k[:, :, None].transpose(-1, -2)).view(b, h, s, -1) * model.pe.softmax_scale(d)
     score_mod = model.pe.score_mod(call, model.pe.prepare(call, 0)) or (lambda score, *idx: score)
     flex = score_mod(raw, *index).masked_fill(~mask_mod(call.mask)(*index), float("-inf"))
     dense = dense_logits(model.pe, call)

@@ -22,7 +22,7 @@ from trainer.model.attention.documents import Documents
 from trainer.model.attention.paths import choose_path, run_attention
 from trainer.model.attention.tiled import DEFAULT_BLOCK
 from trainer.model.kv_cache import KVCache
-from trainer.model.pe_layers import build_stack
+from trainer.model.pe_layers import build_stack, layer_heads
 from trainer.model.position import PositionEncoding
 
 __all__ = ["AttentionCall", "KVCache", "Llama", "ModelArgs", "validate_model_args"]
@@ -55,14 +55,15 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, a: ModelArgs, layer: int) -> None:
+    def __init__(self, a: ModelArgs, layer: int, heads: tuple[int, int, int]) -> None:
         super().__init__()
         self.layer, self.window = layer, a.layer_windows[layer]
-        self.n_heads, self.n_kv_heads, self.head_dim = a.n_heads, a.n_kv_heads, a.resolved_head_dim
-        self.wq = nn.Linear(a.dim, a.n_heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(a.dim, a.n_kv_heads * self.head_dim, bias=False)
-        self.wv = nn.Linear(a.dim, a.n_kv_heads * self.head_dim, bias=False)
-        self.wo = nn.Linear(a.n_heads * self.head_dim, a.dim, bias=False)
+        # query and KV heads projected, attention heads out: as configured unless the encoding says (RoPE++)
+        (self.n_heads, self.n_kv_heads, out_heads), self.head_dim = heads, a.resolved_head_dim
+        self.wq = nn.Linear(a.dim, self.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(a.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(a.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(out_heads * self.head_dim, a.dim, bias=False)
 
     def forward(self, x: torch.Tensor, pe: PositionEncoding, tables: object, ctx: _Context) -> torch.Tensor:
         b, s, _ = x.shape
@@ -98,10 +99,10 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, a: ModelArgs, layer: int) -> None:
+    def __init__(self, a: ModelArgs, layer: int, heads: tuple[int, int, int]) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(a.dim, a.norm_eps)
-        self.attention = Attention(a, layer)
+        self.attention = Attention(a, layer, heads)
         self.ffn_norm = RMSNorm(a.dim, a.norm_eps)
         self.feed_forward = FeedForward(a)
 
@@ -120,7 +121,7 @@ class Llama(nn.Module):
         self.args = args
         self.documents: Documents | None = None  # set by the trainer when data.documents.mask is on
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleList(Block(args, i) for i in range(args.n_layers))
+        self.layers = nn.ModuleList(Block(args, i, heads) for i, heads in enumerate(layer_heads(args)))
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_embeddings:

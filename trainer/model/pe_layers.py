@@ -49,9 +49,9 @@ class ModelArgs(Protocol):
     @property
     def layer_windows(self) -> list[int]: ...
 
-__all__ = ["HYBRID_KIND", "StackGroup", "build_stack", "every_nth", "layer_configs", "layer_sections", "layers_text",
-           "pe_section", "stack_dedup", "stack_groups", "stack_identity", "stack_problems", "typed_section",
-           "windows_text"]
+__all__ = ["HYBRID_KIND", "StackGroup", "build_stack", "every_nth", "layer_configs", "layer_heads", "layer_sections",
+           "layers_text", "pe_section", "stack_dedup", "stack_groups", "stack_identity", "stack_problems",
+           "typed_section", "windows_text"]
 
 HYBRID_KIND = "hybrid"  # the identity's pe_kind of a model whose layers take more than one encoding
 _EVERY = re.compile(r"^\s*every\s+(\d+)\s*(?:st|nd|rd|th)?(?:\s+layer)?\s*$", re.IGNORECASE)
@@ -248,6 +248,14 @@ def stack_dedup(a: ModelArgs) -> tuple[Any, list[dict[str, Any]]]:
         return per_layer[0], []
     main = max(keys, key=lambda k: (keys.count(k), -keys.index(k)))
     return copy.deepcopy(per_layer[keys.index(main)]), [pe_section(pe) for pe in per_layer]
+
+
+def layer_heads(a: Any) -> list[tuple[int, int, int]]:
+    """Each layer's (query heads projected, KV heads projected, attention heads), as its encoding says
+    (`trainer.model.position.attention_heads`: RoPE++ doubles the attention heads or halves the projections)."""
+    from trainer.model.position import attention_heads
+
+    return [attention_heads(pe, a.n_heads, a.n_kv_heads) for pe in layer_configs(a)]
 
 
 def stack_problems(a: ModelArgs) -> list[str]:

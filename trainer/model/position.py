@@ -35,6 +35,7 @@ __all__ = [
     "EncodingShape",
     "PEConfig",
     "PositionEncoding",
+    "attention_heads",
     "build_position_encoding",
     "check_exportable",
     "dedup_pe",
@@ -77,7 +78,7 @@ def register_kind(kind: EncodingKind) -> EncodingKind:
 # and its name here.
 KIND_MODULES = ("rope", "hdrope", "nope", "partial_rope", "p_rope", "xpos", "alibi", "fope", "rpe3d", "learned_basis",
                 "fire", "kerple", "t5_bias", "cope", "liere", "comrope", "string", "rope_mixed", "pope", "hope", "fox",
-                "stickbreaking", "grape_m", "grape_a", "dape", "path")
+                "stickbreaking", "grape_m", "grape_a", "dape", "path", "rope_pp")
 
 for _name in KIND_MODULES:
     register_kind(importlib.import_module(f"trainer.model.encodings.{_name}").KIND)
@@ -202,6 +203,13 @@ def encoding_lengths(pe: Any, shape: EncodingShape) -> list[tuple[LengthField, f
     that are off left out), as its kind declares them."""
     found = [(f, f.value(pe, shape)) for f in _checked(pe).lengths]
     return [(f, float(v)) for f, v in found if v is not None]
+
+
+def attention_heads(pe: Any, n_heads: int, n_kv_heads: int) -> tuple[int, int, int]:
+    """(query heads projected, KV heads projected, attention heads) of a layer taking pe in a model of n_heads
+    query and n_kv_heads KV heads: as configured, unless the kind says otherwise (RoPE++)."""
+    kind = _checked(pe)
+    return (n_heads, n_kv_heads, n_heads) if kind.heads is None else kind.heads(pe, n_heads, n_kv_heads)
 
 
 def step_cost_key(pe: Any) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import time
 import torch
 
 from trainer.model.args import ModelArgs
-from trainer.model.pe_layers import stack_groups
+from trainer.model.pe_layers import layer_heads, stack_groups
 from trainer.model.position import encoding_flops, encoding_params
 
 __all__ = ["flops_per_token", "matmul_params", "param_count", "peak_flops"]
@@ -29,9 +29,9 @@ def matmul_params(a: ModelArgs) -> int:
     """Weights every token multiplies by: each layer's attention and feed-forward projections and the output
     projection (not the input embedding, a lookup, nor the norms or the encoding's own parameters)."""
     hd = a.resolved_head_dim
-    attn = a.dim * hd * (2 * a.n_heads + 2 * a.n_kv_heads)
+    attn = sum(a.dim * hd * (q + 2 * kv + out) for q, kv, out in layer_heads(a))  # wq, wk and wv, wo
     ffn = 3 * a.dim * a.ffn_hidden
-    return a.n_layers * (attn + ffn) + a.dim * a.vocab_size
+    return attn + a.n_layers * ffn + a.dim * a.vocab_size
 
 
 def param_count(a: ModelArgs) -> int:
@@ -43,7 +43,7 @@ def param_count(a: ModelArgs) -> int:
 
 def flops_per_token(a: ModelArgs, seq_len: int) -> float:
     """Training FLOPs (forward + backward) per token at sequence length seq_len."""
-    attention = 12.0 * a.n_layers * a.n_heads * a.resolved_head_dim * seq_len
+    attention = 12.0 * sum(out for _, _, out in layer_heads(a)) * a.resolved_head_dim * seq_len
     return 6.0 * matmul_params(a) + attention + sum(encoding_flops(g.pe, g.shape) for g in stack_groups(a))
 
 

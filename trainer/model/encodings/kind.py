@@ -78,6 +78,9 @@ class EncodingKind:
     frequencies: Callable[[Any, EncodingShape], np.ndarray] | None = None
     lengths: tuple[LengthField, ...] = ()  # its config fields that are lengths in tokens (the planner checks them)
     positionless: bool = False  # its attention sees no position at all (NoPE): HF holds it as a no-RoPE layer
+    # (query heads projected, KV heads projected, attention heads) of a layer from model.n_heads and n_kv_heads;
+    # None: as configured, one attention head per query head (RoPE++ doubles them, or halves the projections)
+    heads: Callable[[Any, int, int], tuple[int, int, int]] | None = None
 
     def invariant(self, pe: Any) -> bool:
         """Whether a config of this kind is translation-invariant: its logits depend only on m - n."""
