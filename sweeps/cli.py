@@ -72,10 +72,10 @@ def _submit(a: argparse.Namespace) -> int:
 
 
 def _status(a: argparse.Namespace) -> int:
-    from sweeps.plan_file import find_plan
+    from sweeps.plan_file import find_plan_record
     from sweeps.results import cell_rows
 
-    plan = find_plan(a.name, a.storage)
+    plan = find_plan_record(a.name, a.storage)
     rows = cell_rows(plan)
     counts = Counter(r["status"] for r in rows)
     print(f"sweep {plan.spec.name} at {plan.root}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
@@ -133,10 +133,10 @@ def _columns(records: list[dict]) -> str:
 
 
 def _results(a: argparse.Namespace) -> int:
-    from sweeps.plan_file import find_plan
+    from sweeps.plan_file import find_plan_record
     from sweeps.results import write_results
 
-    path = write_results(find_plan(a.name, a.storage), Path(a.out) if a.out else None)
+    path = write_results(find_plan_record(a.name, a.storage), Path(a.out) if a.out else None)
     print(results_text(path))
     print(f"\nwritten to {path}")
     _warn_corrupt(path)

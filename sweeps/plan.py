@@ -4,6 +4,7 @@ Nothing runs until every cell is valid; all problems come out in one `SpecError`
 provably the same model share a dedup group and train once; which settings are irrelevant is the
 encoding registry's call (`trainer.model.position.dedup_pe`: N = 2 with any basis is RoPE, NOTES §1; the
 seed of a non-random basis is unused; `nope` ignores every rotary setting; `fused` is another kernel).
+Importing this module loads no torch (a stored plan's readers import `Plan`); planning does.
 """
 
 from __future__ import annotations
@@ -25,18 +26,15 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hdrope.errors import UserError
-from sweeps.design_warnings import design_warnings
 from sweeps.spec import SpecError, SweepSpec, check_name
 from trainer.config import RunConfig, config_errors, config_hash, metric_names
 from trainer.data.tasks.fit import task_fit_problems
-from trainer.evals.attention_dump import check_budget
 from trainer.labels import value_label
 from trainer.model.pe_layers import stack_dedup
 from trainer.presets import merge_config, preset_layer
-from trainer.run.distributed import STRATEGIES
 
 __all__ = ["ALIASES", "SEED_KEYS", "Cell", "Plan", "cell_config", "make_plan", "metric_driven", "seed_axes",
-           "sweep_dir"]
+           "spec_axes", "sweep_dir"]
 
 ALIASES = {"seed": "train.seed"}
 MAX_CELLS = 10_000  # a larger grid is almost surely a typo; plan refuses it before resolving a single cell
@@ -77,7 +75,7 @@ class Plan:
     @property
     def axes(self) -> list[str]:
         """The keys cells differ by: the grid's axes, or an Optuna search's dimensions."""
-        return list(self.spec.axes) or list(self.spec.search.space)
+        return spec_axes(self.spec)
 
     @property
     def seed_axes(self) -> list[str]:
@@ -177,6 +175,11 @@ def cell_config(spec: SweepSpec, values: dict[str, Any], name: str, out_dir: Pat
     return cfg
 
 
+def spec_axes(spec: SweepSpec) -> list[str]:
+    """The keys a spec's cells differ by: the grid's axes, or an Optuna search's dimensions."""
+    return list(spec.axes) or list(spec.search.space)
+
+
 def seed_axes(axes: list[str]) -> list[str]:
     """The axis keys (as written in the spec) that are seeds."""
     return [k for k in axes if ALIASES.get(k, k) in SEED_KEYS]
@@ -251,6 +254,8 @@ def _check_spec(spec: SweepSpec) -> list[str]:
 
 def _worker_problems(r: Any) -> list[str]:
     """What is wrong with the data-parallel worker settings of `resources` (workers, gpus_per_worker, strategy)."""
+    from trainer.run.distributed import STRATEGIES
+
     p: list[str] = []
     if r.workers < 1:
         p.append(f"resources.workers={r.workers}: must be >= 1 (1 trains in the trial's own process, W > 1 runs W "
@@ -304,6 +309,8 @@ def _split_problems(cfg: RunConfig, workers: int) -> list[str]:
 
 def _dump_problems(cfg: RunConfig) -> list[str]:
     """The attention dump's byte budget, which a run checks only once its data is loaded (it needs none)."""
+    from trainer.evals.attention_dump import check_budget
+
     try:
         if cfg.dump.enabled:
             check_budget(cfg.dump, cfg.model.n_layers, cfg.model.n_heads, cfg.model.max_seq_len)
@@ -314,6 +321,8 @@ def _dump_problems(cfg: RunConfig) -> list[str]:
 
 def make_plan(spec: SweepSpec, source: str = "spec") -> Plan:
     """Resolve and validate every cell; SpecError lists every problem with its cell, key, value and fix."""
+    from sweeps.design_warnings import design_warnings
+
     problems = _check_spec(spec)
     base = overrides = None
     try:

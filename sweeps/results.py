@@ -3,10 +3,11 @@
 Columns: sweep, cell_id, trained_cell (the cell that actually trained), dedup_of, status
 (FINISHED | FAILED | RUNNING | PENDING | CORRUPT), error, config_hash, the encoding identity of the cell
 (`trainer.model.pe_schedule.run_identity`: pe_kind, pe_label, rotation_dim, basis, basis_seed, theta,
-scaling), seed, steps, run_dir, the machine that trained it (`trainer.files.machine.MACHINE_COLUMNS`: cpu_model,
-cpu_capability, gpu, torch_version, threads, from run.json), the axis values (one string column per axis key,
-named by the dotted key), and every final metric the cells planned or produced (val_loss_x16 included when
-configured; the lm_<task>_<metric> columns of `hdrope eval lm-eval` when a cell was evaluated).
+scaling; as its plan stored it, so the table is written without torch: `sweeps.plan_file.PlanRecord`), seed,
+steps, run_dir, the machine that trained it (`trainer.files.machine.MACHINE_COLUMNS`: cpu_model, cpu_capability,
+gpu, torch_version, threads, from run.json), the axis values (one string column per axis key, named by the dotted
+key), and every final metric the cells planned or produced (val_loss_x16 included when configured; the
+lm_<task>_<metric> columns of `hdrope eval lm-eval` when a cell was evaluated).
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ import pyarrow.parquet as pq
 
 from hdrope.errors import UserError
 from sweeps.plan import Plan
-from trainer.config import BASE_METRICS, metric_names
+from sweeps.plan_file import CellRecord, PlanRecord, cell_record, plan_record
+from trainer.config import BASE_METRICS
 from trainer.files.machine import MACHINE_COLUMNS, machine_row
 from trainer.files.run_files import RUN_FILE, read_lm_eval, read_machines, read_result
+from trainer.model.identity import IDENTITY_COLUMNS
 from trainer.model.pe_schedule import run_identity
-from trainer.model.position import IDENTITY_COLUMNS
 
 __all__ = ["axis_columns", "cell_rows", "planned_frame", "sampled_values", "write_results"]
 
@@ -63,8 +65,7 @@ def planned_frame(plan: Plan) -> Any:
     return df
 
 
-def _row(name: str, cell_id: str, trained_dir: Path, cfg, dedup_of: str | None, config_hash: str | None,
-         values: dict[str, Any], trained_hash: str | None = None) -> dict[str, Any]:
+def _row(name: str, cell: CellRecord, trained_dir: Path, trained_hash: str | None = None) -> dict[str, Any]:
     """A cell's row; its metrics come from trained_dir, the run of config trained_hash (its own or its dedup
     representative's)."""
     status, error, result = _status(trained_dir, trained_hash)
@@ -78,10 +79,10 @@ def _row(name: str, cell_id: str, trained_dir: Path, cfg, dedup_of: str | None, 
         except UserError as err:
             status, error = "CORRUPT", str(err)
     return {
-        **axis_columns(values),
-        "sweep": name, "cell_id": cell_id, "trained_cell": trained_dir.name, "dedup_of": dedup_of,
-        "status": status, "error": error, "config_hash": config_hash or result.get("config_hash"),
-        **run_identity(cfg), "seed": int(cfg.train.seed), "steps": int(cfg.train.steps),
+        **axis_columns(cell.values),
+        "sweep": name, "cell_id": cell.cell_id, "trained_cell": trained_dir.name, "dedup_of": cell.dedup_of,
+        "status": status, "error": error, "config_hash": cell.config_hash or result.get("config_hash"),
+        **cell.identity, "seed": cell.seed, "steps": cell.steps,
         "run_dir": str(trained_dir), **machine,
         **{m: float(v) for m, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
     }
@@ -103,7 +104,7 @@ def _run_config(path: Path) -> Any:
     return merge_config([yaml_layer(path, "the trial's config.yaml is damaged; delete its directory")], where=str(path))
 
 
-def sampled_values(plan: Plan, cell_dir: Path) -> dict[str, Any]:
+def sampled_values(plan: Plan | PlanRecord, cell_dir: Path) -> dict[str, Any]:
     """The values an Optuna trial sampled, as its run directory's config holds them (typed, not as table text)."""
     from omegaconf import OmegaConf
 
@@ -111,49 +112,52 @@ def sampled_values(plan: Plan, cell_dir: Path) -> dict[str, Any]:
     return {k: OmegaConf.select(cfg, k) for k in plan.spec.search.space}
 
 
-def cell_rows(plan: Plan) -> list[dict[str, Any]]:
+def cell_rows(plan: Plan | PlanRecord) -> list[dict[str, Any]]:
     """One dict per planned cell with its status and final metrics (a deduplicated cell takes its representative's)."""
-    hashes = {c.cell_id: c.config_hash for c in plan.cells}
-    rows = [_row(plan.spec.name, c.cell_id, plan.root / "cells" / (c.dedup_of or c.cell_id), c.config, c.dedup_of,
-                 c.config_hash, c.values, hashes.get(c.dedup_of or c.cell_id))
-            for c in plan.cells if plan.spec.search.kind == "grid"]
-    for cell_dir in sorted((plan.root / "cells").glob("t-*")):  # Optuna trials, named by their sampled values
+    record = plan_record(plan)
+    hashes = {c.cell_id: c.config_hash for c in record.cells}
+    trained = {c.cell_id: c.dedup_of or c.cell_id for c in record.cells}
+    rows = [_row(record.spec.name, c, record.root / "cells" / trained[c.cell_id], hashes.get(trained[c.cell_id]))
+            for c in record.cells]
+    for cell_dir in sorted((record.root / "cells").glob("t-*")):  # Optuna trials, named by their sampled values
         if (cell_dir / "config.yaml").is_file():
-            rows.append(_row(plan.spec.name, cell_dir.name, cell_dir, _run_config(cell_dir / "config.yaml"), None,
-                             None, sampled_values(plan, cell_dir)))
+            cfg = _run_config(cell_dir / "config.yaml")
+            rows.append(_row(record.spec.name, cell_record(cell_dir.name, sampled_values(record, cell_dir), cfg, None,
+                                                           None), cell_dir))
     return rows
 
 
-def _metric_columns(plan: Plan, rows: list[dict[str, Any]]) -> list[str]:
+def _metric_columns(record: PlanRecord, rows: list[dict[str, Any]]) -> list[str]:
     """Every metric any cell planned or produced: the planned ones in the trainer's order, then the rest."""
     planned: list[str] = list(BASE_METRICS)
-    for cell in plan.cells if plan.spec.search.kind == "grid" else []:
-        planned += [m for m in metric_names(cell.config) if m not in planned]
+    for cell in record.cells:
+        planned += [m for m in cell.metrics if m not in planned]
     fixed = {"sweep", "cell_id", "trained_cell", "dedup_of", "status", "error", "config_hash", *IDENTITY_COLUMNS,
              "seed", "steps", "run_dir", *MACHINE_COLUMNS}
-    seen = [k for r in rows for k in r if k not in fixed and k not in plan.axes]
+    seen = [k for r in rows for k in r if k not in fixed and k not in record.axes]
     extra = sorted({k for k in seen if k not in planned and isinstance(next(r[k] for r in rows if k in r), float)})
     return [m for m in planned if m != "lr"] + extra
 
 
-def write_results(plan: Plan, path: Path | None = None) -> Path:
+def write_results(plan: Plan | PlanRecord, path: Path | None = None) -> Path:
     """Write results.parquet into the sweep directory (or path) and return it.
 
     The schema metadata records the sweep's axes (`hdrope.axes`) and which of them are seeds
     (`hdrope.seed_axes`), so the report groups cells by every other axis without parsing labels."""
-    path = path or plan.root / "results.parquet"
-    rows = cell_rows(plan)
-    metrics = _metric_columns(plan, rows)
+    record = plan_record(plan)
+    path = path or record.root / "results.parquet"
+    rows = cell_rows(record)
+    metrics = _metric_columns(record, rows)
     identity_types = {str: pa.string(), int: pa.int64(), float: pa.float64()}
     fields = [("sweep", pa.string()), ("cell_id", pa.string()), ("trained_cell", pa.string()),
               ("dedup_of", pa.string()), ("status", pa.string()), ("error", pa.string()),
               ("config_hash", pa.string()), *((k, identity_types[t]) for k, t in IDENTITY_COLUMNS.items()),
               ("seed", pa.int64()), ("steps", pa.int64()), ("run_dir", pa.string()),
               *((k, identity_types[t]) for k, t in MACHINE_COLUMNS.items())]
-    axes = [k for k in plan.axes if k not in dict(fields)]
+    axes = [k for k in record.axes if k not in dict(fields)]
     fields += [(k, pa.string()) for k in axes] + [(m, pa.float64()) for m in metrics]
-    schema = pa.schema(fields, metadata={"hdrope.axes": json.dumps(plan.axes),
-                                         "hdrope.seed_axes": json.dumps(plan.seed_axes)})
+    schema = pa.schema(fields, metadata={"hdrope.axes": json.dumps(record.axes),
+                                         "hdrope.seed_axes": json.dumps(record.seed_axes)})
     table = pa.Table.from_pylist([{name: r.get(name) for name in schema.names} for r in rows], schema=schema)
     tmp = path.with_name(f".{path.name}.tmp")
     pq.write_table(table, tmp)

@@ -32,6 +32,10 @@ def _interpolating_spec(plan):
     plan["spec"] = plan["spec"].replace("description: ''", "description: ${oc.env:HOME}")
 
 
+def _bad_identity(plan):
+    next(iter(plan["cells"].values()))["identity"]["rotation_dim"] = "four"
+
+
 def _first_cell(sweep):
     return next(p for p in sorted((sweep / "cells").iterdir()) if (p / "result.json").is_file())
 
@@ -47,6 +51,8 @@ CASES = [
      "is an OmegaConf interpolation"),
     ("plan-bad-yaml", _edit_plan(lambda p: p.update(spec="a: [1\nb: 2")), ["sweep", "status", "{sweep}"], 2,
      "not a valid YAML mapping"),
+    ("plan-bad-identity", _edit_plan(_bad_identity), ["sweep", "results", "{sweep}"], 2,
+     "identity rotation_dim='four' must be of type int or null"),
     ("report-truncated-plan", lambda s: _truncate(s / "plan.json"), ["report", "{sweep}"], 2, "plan.json: unreadable"),
     ("foreign-results", lambda s: pq.write_table(pa.table({"x": [1, 2]}), s / "results.parquet"),
      ["report", "{sweep}"], 2, "not a results table of this version"),

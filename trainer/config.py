@@ -85,7 +85,9 @@ def sliding_metric(factor: int) -> str:
 
 
 def metric_names(cfg: RunConfig) -> list[str]:
-    """Every metric a run of cfg reports, in a stable order (extrapolation, passkey and tasks as configured)."""
+    """Every metric a run of cfg reports, in a stable order (extrapolation, passkey and tasks as configured). cfg may
+    also be a stored config read untyped (an OmegaConf mapping): `hdrope sweep results` reads a plan so, without
+    torch (`sweeps.plan_file.PlanRecord`)."""
     names = list(BASE_METRICS)
     if cfg.eval.extrapolation_batches > 0:
         names += [f"val_loss_x{f}" for f in cfg.eval.extrapolation]

@@ -3,7 +3,8 @@
 A preset file holds any of the RunConfig sections (`model:`, `data:`, `optim:`, `train:`, `eval:`,
 `dump:`). Overrides are dotted `key=value` strings (`model.pe.rotation_dim=8`), parsed by OmegaConf
 as YAML scalars, never evaluated. Presets, specs and overrides are data: an OmegaConf interpolation
-(`${oc.env:SECRET}`, `${other.key}`) in any layer is refused, never resolved.
+(`${oc.env:SECRET}`, `${other.key}`) in any layer is refused, never resolved. Importing this module loads no
+encoding and no torch: the kind registry loads when a config is merged (`merge_config`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ from hdrope.errors import UserError
 from trainer.config import RunConfig, validate_config
 from trainer.data.tokenizer import absolute_tokenizer
 from trainer.model.args import ModelArgs
-from trainer.model.encodings.rotary import PEConfig
-from trainer.model.position import POSITION_ENCODINGS, pe_config_class
 
 __all__ = [
     "EXPERIMENTS_DIR",
@@ -103,6 +102,8 @@ def refuse_interpolations(node: Any, where: str) -> None:
 @functools.cache
 def _schema(kind: str) -> DictConfig:
     """The RunConfig schema with `model.pe` typed by kind's config class, built once per kind."""
+    from trainer.model.position import pe_config_class
+
     cls = pe_config_class(kind)
     return OmegaConf.structured(RunConfig(model=ModelArgs(pe=cls(kind=kind))))
 
@@ -111,6 +112,8 @@ def select_pe_kind(layers: list, where: str = "config") -> tuple[str, list]:
     """The `model.pe.kind` the layers select (the last one that sets it wins; default hdrope), and the layers
     with every `model.pe` setting of an earlier layer dropped where a later layer switches to a kind with
     another config class (`tiny model.pe.kind=fope` must not inherit the preset's `rotation_dim`)."""
+    from trainer.model.position import POSITION_ENCODINGS, PEConfig, pe_config_class
+
     kind: Any = PEConfig.kind
     cls: type = PEConfig
     out: list = []
@@ -152,6 +155,8 @@ def _without_pe(node: Any) -> Any:
 
 
 def _pe_key_hint(key: str, kind: str) -> str:
+    from trainer.model.position import pe_config_class
+
     if not key.startswith("model.pe."):
         return ""
     fields = [f.name for f in dataclasses.fields(pe_config_class(kind))]

@@ -2,7 +2,7 @@
 
 Float kernels differ between CPUs (torch dispatches on the CPU's capability: AVX2, AVX-512, ...) and between GPUs and
 torch versions, so the same seeds and config repeat a run to the last bit only on the same machine. This is not
-config: it never enters the config hash.
+config: it never enters the config hash. Reading the columns (`machine_row`) loads no torch.
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from __future__ import annotations
 import platform
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["KERNEL_KEYS", "MACHINE_COLUMNS", "cpu_model", "machine_info", "machine_label", "machine_row"]
 
@@ -38,6 +39,8 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
 def machine_info(device: torch.device | None = None) -> dict[str, Any]:
     """This process's machine: CPU model, torch's CPU capability, the GPU's name when `device` is a CUDA device
     (else None), torch's version and its intra-op threads."""
+    import torch
+
     gpu = torch.cuda.get_device_name(device) if device is not None and device.type == "cuda" else None
     return {"cpu_model": cpu_model(), "cpu_capability": str(torch.backends.cpu.get_cpu_capability()), "gpu": gpu,
             "torch_version": str(torch.__version__), "threads": int(torch.get_num_threads())}

@@ -27,6 +27,7 @@ from hdrope.errors import UserError
 from trainer.model.encodings.base import EncodingShape, PositionModule
 from trainer.model.encodings.kind import EncodingKind, LengthField
 from trainer.model.encodings.rotary import PEConfig
+from trainer.model.identity import IDENTITY_COLUMNS
 
 __all__ = [
     "IDENTITY_COLUMNS",
@@ -82,10 +83,6 @@ KIND_MODULES = ("rope", "hdrope", "nope", "partial_rope", "p_rope", "xpos", "ali
 
 for _name in KIND_MODULES:
     register_kind(importlib.import_module(f"trainer.model.encodings.{_name}").KIND)
-
-# The identity row's columns and their types, as every artifact writes them (None: null).
-IDENTITY_COLUMNS: dict[str, type] = {"pe_kind": str, "pe_label": str, "rotation_dim": int, "basis": str,
-                                     "basis_seed": int, "theta": float, "scaling": str}
 
 
 def identity_keys() -> tuple[str, ...]:
