@@ -56,8 +56,24 @@ class Cell:
     dedup_of: str | None = None  # cell_id of the representative that actually trains, if not itself
 
 
+class SpecAxes:
+    """The axes of a sweep as its spec gives them, for a plan (typed or read light) that holds `spec`."""
+
+    spec: SweepSpec
+
+    @property
+    def axes(self) -> list[str]:
+        """The keys cells differ by: the grid's axes, or an Optuna search's dimensions."""
+        return spec_axes(self.spec)
+
+    @property
+    def seed_axes(self) -> list[str]:
+        """The axes that are seeds (a report averages over them)."""
+        return seed_axes(self.axes)
+
+
 @dataclass
-class Plan:
+class Plan(SpecAxes):
     """The validated sweep: cells in grid order and where everything goes."""
 
     spec: SweepSpec
@@ -71,16 +87,6 @@ class Plan:
 
     def cell(self, cell_id: str) -> Cell:
         return next(c for c in self.cells if c.cell_id == cell_id)
-
-    @property
-    def axes(self) -> list[str]:
-        """The keys cells differ by: the grid's axes, or an Optuna search's dimensions."""
-        return spec_axes(self.spec)
-
-    @property
-    def seed_axes(self) -> list[str]:
-        """The axes that are seeds (a report averages over them)."""
-        return seed_axes(self.axes)
 
     @property
     def compares(self) -> bool:

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hdrope.errors import UserError
-from sweeps.plan import Cell, Plan, seed_axes, spec_axes
+from sweeps.plan import Cell, Plan, SpecAxes
 from sweeps.spec import SweepSpec, check_name
 from trainer.config import RunConfig, metric_names
 from trainer.model.identity import IDENTITY_COLUMNS
@@ -154,22 +154,12 @@ class CellRecord:
 
 
 @dataclass(frozen=True)
-class PlanRecord:
+class PlanRecord(SpecAxes):
     """A sweep as its status and results read it: the spec, the sweep directory and the stored cells' records."""
 
     spec: SweepSpec
     cells: list[CellRecord]
     root: Path
-
-    @property
-    def axes(self) -> list[str]:
-        """The keys cells differ by (as `Plan.axes`)."""
-        return spec_axes(self.spec)
-
-    @property
-    def seed_axes(self) -> list[str]:
-        """The axes that are seeds (as `Plan.seed_axes`)."""
-        return seed_axes(self.axes)
 
 
 def cell_record(cell_id: str, values: dict[str, Any], cfg: RunConfig | DictConfig, config_hash: str | None,

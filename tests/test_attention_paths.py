@@ -24,8 +24,9 @@ KINDS = sorted(POSITION_ENCODINGS)
 
 def _model(kind: str, dtype: torch.dtype = torch.float64, **args) -> Llama:
     """A tiny two-layer model of `kind` whose encoding's parameters are moved off their initial values."""
+    args = {"n_layers": 2, **args}
     torch.manual_seed(0)
-    model = Llama(ModelArgs(vocab_size=32, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=32,
+    model = Llama(ModelArgs(vocab_size=32, dim=32, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=32,
                             pe=pe_config_class(kind)(kind=kind), **args)).to(dtype)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from hdrope.errors import UserError
+from tests.test_attention_paths import EOS, _tokens
+from tests.test_attention_paths import _model as _tiny
 from trainer.config import config_errors, config_hash
 from trainer.model.attention.documents import Documents
 from trainer.model.llama import KVCache, Llama, ModelArgs, _Context
@@ -23,7 +25,6 @@ from trainer.model.pe_layers import (
 from trainer.model.position import pe_config_class
 from trainer.run.loop import train
 
-EOS = 5
 # FIRE (per-layer MLPs) on layers 0 and 2, so its part's layer 1 is model layer 2; RoPE, then CoPE (a carry)
 MIXED = [{"kind": "fire"}, {"kind": "rope"}, {"kind": "fire"}, {"kind": "cope"}]
 
@@ -34,20 +35,8 @@ def _args(pe_layers, n_layers: int = 4, pe=None, **more) -> ModelArgs:
 
 
 def _model(pe_layers, **more) -> Llama:
-    """A tiny float64 hybrid whose encodings' parameters are moved off their initial values."""
-    torch.manual_seed(0)
-    model = Llama(_args(pe_layers, **more)).double()
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.pe.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
-    return model
-
-
-def _tokens(batch: int = 2, seq: int = 23) -> torch.Tensor:
-    tokens = torch.randint(6, 32, (batch, seq), generator=torch.Generator().manual_seed(3))
-    tokens[0, 7] = tokens[0, 16] = tokens[1, 15] = EOS
-    return tokens
+    """A tiny float64 hybrid on RoPE whose encodings' parameters are moved off their initial values."""
+    return _tiny("rope", n_layers=4, pe_layers=pe_layers, **more)
 
 
 def _plain_twin(hybrid: Llama, kind: str) -> Llama:
