@@ -144,7 +144,19 @@ def test_the_shipped_rivals_study_quotes_its_declared_questions_from_its_files()
     assert "<!-- results:rivals_compact:declared -->" in text
     declared = render("rivals_compact", "declared")
     assert declared.count("| `efflen_loss` |") == 10 and "| KERPLE log |" in declared
+    assert declared.count("paired, 10 seeds") == 10  # issue 47 §32: its last three seeds ran as a stage, added
     assert "`val_loss_x4`" in render("rivals_compact", "exploratory-val_loss_x4")
+
+
+def test_the_shipped_rivals_cells_are_the_specs_every_cell_trained_once():
+    """The spec's 110 cells (11 encodings x seeds 42-51) are the shipped cells, by config hash: the stage that ran seeds
+    49-51 trained the spec's own cells, and nothing else was added."""
+    from sweeps.runner import prepare
+
+    study = load_study(RESULTS_DIR / "rivals_compact")
+    plan = prepare(str(REPO / "experiments" / "tables" / "rivals_compact.yaml"))
+    assert sorted(study.results["config_hash"]) == sorted(c.config_hash for c in plan.cells)
+    assert sorted(set(study.results["seed"])) == list(range(42, 52)) and set(study.results["status"]) == {"FINISHED"}
 
 
 def test_the_shipped_length_study_quotes_its_declared_questions_from_its_files():
