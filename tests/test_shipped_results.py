@@ -29,6 +29,7 @@ def test_every_docs_block_agrees_with_its_shipped_files():
 
 STUDIES = sorted(p.name for p in RESULTS_DIR.glob("*") if p.is_dir() and not (p / BENCH_FILE).is_file())
 BENCHES = sorted(p.name for p in RESULTS_DIR.glob("*") if (p / BENCH_FILE).is_file())
+LATER_BENCHES = ("bench_length_rope_pp", "bench_length_selective_rope")  # kinds added after the shipped bench
 
 
 @pytest.mark.parametrize("study", STUDIES or ["(none)"])
@@ -42,15 +43,17 @@ def test_every_shipped_comparison_table_agrees_with_its_cells(study):
 def test_the_shipped_length_bench_is_whole_and_the_long_context_page_quotes_it():
     """experiments/results/bench_length_cpu (issue 45): every kind at 512..4096 tokens, read through its schema, and
     docs/long-context.md quotes its tables through blocks (which the first test ties to the file)."""
-    assert BENCHES == ["bench_length_cpu", "bench_length_rope_pp"]
+    assert BENCHES == ["bench_length_cpu", "bench_length_rope_pp", "bench_length_selective_rope"]
     res = load_length_bench(RESULTS_DIR / "bench_length_cpu")
     # 8192 did not finish on the 2-core, 24 GB machine (docs/long-context.md says why)
     assert res["lengths"] == [512, 1024, 2048, 4096] and res["preset"] == "compact"
-    # a kind added after it (RoPE++, issue 46) is benched beside RoPE in a bench of its own, at the same settings
-    later = load_length_bench(RESULTS_DIR / "bench_length_rope_pp")
-    assert {k: later[k] for k in ("lengths", "preset", "batch", "threads")} == \
-        {k: res[k] for k in ("lengths", "preset", "batch", "threads")}
-    assert {r["kind"] for b in (res, later) for r in b["rows"]} == set(POSITION_ENCODINGS)
+    # a kind added after it (issue 46: RoPE++, Selective RoPE) is benched beside RoPE in a bench of its own, at the
+    # same settings
+    laters = [load_length_bench(RESULTS_DIR / b) for b in LATER_BENCHES]
+    for later in laters:
+        assert {k: later[k] for k in ("lengths", "preset", "batch", "threads")} == \
+            {k: res[k] for k in ("lengths", "preset", "batch", "threads")}
+    assert {r["kind"] for b in (res, *laters) for r in b["rows"]} == set(POSITION_ENCODINGS)
     text = (REPO / "docs/long-context.md").read_text()
     for table in ("paths", "targets", "memory", "time"):
         assert f"<!-- results:bench_length_cpu:{table} -->" in text
@@ -83,12 +86,14 @@ def test_the_shipped_memory_alone_at_8192_keeps_every_kinds_memory_linear():
     and every kind's memory slope over 512..8192 linear, as the targets table and the page say."""
     from analysis.length_bench import LINEAR_SLOPE, memory_slopes
 
-    res, later = (load_length_bench(RESULTS_DIR / b) for b in ("bench_length_cpu", "bench_length_rope_pp"))
-    assert sorted(res["memory_alone"]) == sorted(later["memory_alone"]) == [8192]
-    assert set(res["memory_alone"][8192]) | set(later["memory_alone"][8192]) == set(POSITION_ENCODINGS)
-    assert max(memory_slopes(later).values()) < LINEAR_SLOPE
+    res = load_length_bench(RESULTS_DIR / "bench_length_cpu")
+    laters = [load_length_bench(RESULTS_DIR / b) for b in LATER_BENCHES]
+    assert all(sorted(b["memory_alone"]) == [8192] for b in (res, *laters))
+    assert set().union(*(b["memory_alone"][8192] for b in (res, *laters))) == set(POSITION_ENCODINGS)
+    assert all(max(memory_slopes(later).values()) < LINEAR_SLOPE for later in laters)
     slopes = memory_slopes(res)
-    assert set(slopes) | set(memory_slopes(later)) == set(POSITION_ENCODINGS) and max(slopes.values()) < LINEAR_SLOPE
+    assert set(slopes).union(*(memory_slopes(later) for later in laters)) == set(POSITION_ENCODINGS)
+    assert max(slopes.values()) < LINEAR_SLOPE
     assert slopes != res["slopes"]  # refit with the 8192 point
     assert "<!-- results:bench_length_cpu:memory-alone -->" in (REPO / "docs/long-context.md").read_text()
     assert "memory slope, 512 to 8192" in render("bench_length_cpu", "targets")

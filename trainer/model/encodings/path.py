@@ -75,19 +75,8 @@ class PaTH(PositionModule):
         the causal convolution (with SiLU) over the pre-convolution projections, restarting at each document of
         `segments` (batch, kv_len), then the L2 norm per head."""
         z, beta = state[..., :-1], state[..., -1]
-        taps, n = self.conv.shape[-1], z.shape[-2]
-        weight = self.conv[layer].to(z.dtype).view(self.kv_heads, self.head_dim, taps)  # channel (head, dim)
-        padded = F.pad(z, (0, 0, taps - 1, 0))  # causal: token t reads tokens t - taps + 1 .. t
-        mixed = 0
-        for i in range(taps):
-            term = padded[..., i:i + n, :] * weight[None, :, None, :, i]
-            back = taps - 1 - i  # how many tokens back this tap reads
-            if segments is not None and back:
-                same = torch.zeros_like(segments, dtype=torch.bool)
-                same[:, back:] = segments[:, back:] == segments[:, :-back]
-                term = term * same[:, None, :, None]
-            mixed = mixed + term
-        w = F.silu(mixed)
+        weight = self.conv[layer].to(z.dtype).view(self.kv_heads, self.head_dim, -1)  # channel (head, dim)
+        w = F.silu(causal_conv(z, weight, segments))
         return w * torch.rsqrt((w * w).sum(-1, keepdim=True) + L2_EPS), beta
 
     def prepare(self, call, block):
@@ -110,6 +99,24 @@ class PaTH(PositionModule):
             scores = u @ t.pk["k_end"][:, :, None].transpose(-1, -2)
             carry = u - ((u @ t.pk["c"][:, :, None].transpose(-1, -2)) * beta[:, :, None, None, :]) @ w[:, :, None]
         return scores.reshape(b, h, s, -1) * self.softmax_scale(d), carry
+
+
+def causal_conv(z: torch.Tensor, weight: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
+    """The depthwise causal convolution of z (batch, heads, seq, c) by weight (heads, c, taps), as fla's
+    ShortConvolution without its activation: token t reads tokens t - taps + 1 .. t (tap taps - 1 on token t), none
+    before its document's start in `segments` (batch, seq) and none before the first."""
+    taps, n = weight.shape[-1], z.shape[-2]
+    padded = F.pad(z, (0, 0, taps - 1, 0))
+    mixed = torch.zeros_like(z)
+    for i in range(taps):
+        term = padded[..., i:i + n, :] * weight[None, :, None, :, i]
+        back = taps - 1 - i  # how many tokens back this tap reads
+        if segments is not None and back:
+            same = torch.zeros_like(segments, dtype=torch.bool)
+            same[:, back:] = segments[:, back:] == segments[:, :-back]
+            term = term * same[:, None, :, None]
+        mixed = mixed + term
+    return mixed
 
 
 def _strict_lower(x: torch.Tensor) -> torch.Tensor:
