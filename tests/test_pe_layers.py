@@ -223,3 +223,64 @@ axes:
     assert sorted(trained(results)["variant"]) == sorted(labels)
     names = [cell_run_name(run_identity(c.config), c.config.train.seed, c.values, plan.seed_axes) for c in plan.cells]
     assert names == [f"{label.replace(' ', '-')}-θ10000-s1" for label in labels]
+
+
+HYBRID_ARMS = ["RoPE", "RoPE + NoPE at layer 3", "4D Paley + NoPE at layer 3",
+               "RoPE + NoPE at layer 3, window 16 at layers 0, 1, 2"]
+
+
+def _pilot_table(rows: list[dict]) -> str:
+    """The per-seed table docs/hybrid-stacks.md quotes, from the pilot's cells.csv rows."""
+    seeds = sorted({int(r["seed"]) for r in rows})
+    lines = [f"| arm | `efflen_loss` (seeds {', '.join(map(str, seeds))}) | `val_loss_x8` | copy exact match at 8x |",
+             "|---|---|---|---|"]
+    for arm in HYBRID_ARMS:
+        mine = sorted((r for r in rows if r["pe_label"] == arm), key=lambda r: int(r["seed"]))
+        columns = [", ".join("—" if r[key] == "" else form.format(float(r[key])) for r in mine)
+                   for key, form in (("efflen_loss", "{:.3g}"), ("val_loss_x8", "{:.2f}"), ("acc_copy_x8", "{:.2f}"))]
+        lines.append(f"| {arm} | " + " | ".join(columns) + " |")
+    return "\n".join(lines)
+
+
+def test_the_hybrid_study_is_sized_on_its_shipped_pilot_as_the_docs_and_spec_say():
+    """docs/hybrid-stacks.md's pilot table, spread, seeds and cost are experiments/results/hybrid_pilot/cells.csv's,
+    sized as `hdrope sweep plan --detect 0.25 --pilot` sizes the spec's declared family (Holm's first step)."""
+    import csv
+    import json
+    import math
+    from pathlib import Path
+
+    import numpy as np
+
+    from analysis.stats import seeds_needed
+    from sweeps.spec import load_spec
+
+    repo = Path(__file__).resolve().parents[1]
+    pilot = repo / "experiments" / "results" / "hybrid_pilot"
+    rows = list(csv.DictReader((pilot / "cells.csv").open()))
+    text = (repo / "docs" / "hybrid-stacks.md").read_text()
+    quoted = text.split("<!-- pilot-table:hybrid_pilot -->\n", 1)[1].split("\n<!-- /pilot-table -->", 1)[0]
+    assert quoted == _pilot_table(rows)
+    spec = load_spec(repo / "experiments" / "tables" / "hybrid_compact.yaml")
+    value = {(r["pe_label"], int(r["seed"])): float(r["efflen_loss"]) for r in rows if r["efflen_loss"]}
+    spreads = []
+    for q in spec.questions:
+        diffs = [value[q.variant, s] - value[q.reference, s] for s in (30, 31, 32)
+                 if (q.variant, s) in value and (q.reference, s) in value]
+        spreads.append((float(np.std(diffs, ddof=1)), len(diffs), q))
+    sd, pairs, worst = max(spreads, key=lambda s: s[0])
+    needed = seeds_needed(0.25, sd, paired=True, alpha=0.05 / len(spec.questions))
+    assert (worst.variant, worst.reference, pairs) == ("RoPE + NoPE at layer 3", "RoPE", 2)
+    flat = " ".join(text.split())
+    said = f"(sd {sd:.3f} over its 2 paired seeds): **{needed} paired seeds**, which the spec holds (42-{41 + needed})"
+    assert said in flat
+    assert spec.axes["seed"] == list(range(42, 42 + needed))
+    trials = json.loads((pilot / "study.json").read_text())["rows"]  # 12, in 1099 s
+    per_trial = 1099 / trials
+    assert f"That is {4 * needed} trials; at the pilot's {per_trial:.0f} s a trial (two at once) about " \
+           f"{4 * needed * per_trial / 60:.0f} minutes" in flat
+    assert all(math.isclose(value[HYBRID_ARMS[3], s], 8.0) for s in (30, 31, 32))  # "never crosses ... in any seed"
+    header = " ".join(w for w in (repo / "experiments" / "tables" / "hybrid_compact.yaml").read_text().split()
+                      if w != "#")
+    assert f"{needed} paired seeds (sd {sd:.3f} of the largest paired spread), so {4 * needed} trials, about " \
+           f"{4 * needed * per_trial / 60:.0f} min of 2 cores" in header
