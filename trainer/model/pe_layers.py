@@ -263,6 +263,8 @@ def stack_problems(a: ModelArgs) -> list[str]:
     encoding's at the shape it is built for (named by its layers in a hybrid)."""
     from trainer.model.position import encoding_problems
 
+    if not a.pe_layers:  # every layer takes model.pe: its own problems, as they name it (not a mapping, a bad kind)
+        return encoding_problems(a.pe, a.encoding_shape)
     try:
         groups = stack_groups(a)
     except UserError as err:
