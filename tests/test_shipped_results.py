@@ -302,3 +302,26 @@ def test_a_later_stage_joins_its_shipped_study_and_nothing_else_does(tiny_sweep,
     empty.mkdir()
     with pytest.raises(UserError, match="not a shipped study"):
         ship(tiny_sweep, empty, add=True)
+
+
+def test_the_rivals_prose_counts_its_seeds_from_its_cells():
+    """The seed counts docs/rivals.md gives under the declared table (which seeds go each way, which tie) are
+    experiments/results/rivals_compact/cells.csv's."""
+    study = load_study(RESULTS_DIR / "rivals_compact")
+    by = study.cells.pivot_table(index="seed", columns="variant", values="efflen_loss")
+
+    def counts(variant: str, reference: str) -> tuple[int, int, int]:
+        d = by[variant] - by[reference]
+        return int((d > 0).sum()), int((d < 0).sum()), int((d == 0).sum())
+
+    text = " ".join((REPO / "docs" / "rivals.md").read_text().split())
+    assert all(counts(v, "RoPE") == (10, 0, 0) for v in ("FIRE", "KERPLE log", "T5 bias"))
+    assert counts("ComRoPE-AP b8", "RoPE") == (0, 10, 0)
+    assert "ComRoPE differ from RoPE the same way in all 10 seeds" in text
+    assert "LieRE in {1} with {2} ties".format(*counts("LieRE", "RoPE")) in text
+    identity = counts("4D identity", "RoPE")
+    assert "4D identity reads longer than RoPE in {0} seeds and ties in {2}".format(*identity) in text
+    up, down, ties = counts("4D Paley", "4D identity")
+    assert up == down == 1 and f"the two tie in {ties} of 10 seeds and split one each way" in text
+    assert "STRING reads longer than RoPE in {0} seeds and ties in {2}".format(*counts("Cayley-STRING", "RoPE")) in text
+    assert "RoPE-Mixed shorter in {1} and ties in {2}".format(*counts("RoPE-Mixed", "RoPE")) in text
