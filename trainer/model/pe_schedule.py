@@ -80,15 +80,16 @@ def schedule(cfg: Any) -> list[Switch]:
     return switches
 
 
-def pe_at(cfg: Any, step: int) -> Any:
-    """The `model.pe` in force at `step` (after that many updates)."""
-    found = [s.pe for s in schedule(cfg) if s.step <= step]
+def pe_at(cfg: Any, step: int, switches: list[Switch] | None = None) -> Any:
+    """The `model.pe` in force at `step` (after that many updates); `switches`: `schedule(cfg)`, when read already."""
+    found = [s.pe for s in (schedule(cfg) if switches is None else switches) if s.step <= step]
     return found[-1] if found else cfg.model.pe
 
 
-def lr_override(cfg: Any, step: int) -> float | None:
-    """The learning rate a schedule sets for the update at index `step` (None: the optim schedule's)."""
-    found = [s.lr for s in schedule(cfg) if s.step <= step and s.lr is not None]
+def lr_override(cfg: Any, step: int, switches: list[Switch] | None = None) -> float | None:
+    """The learning rate a schedule sets for the update at index `step` (None: the optim schedule's); `switches`:
+    `schedule(cfg)`, when read already."""
+    found = [s.lr for s in (schedule(cfg) if switches is None else switches) if s.step <= step and s.lr is not None]
     return found[-1] if found else None
 
 

@@ -220,6 +220,7 @@ class _Run:
         seed_everything(cfg.train.seed)
         self.model = Llama(cfg.model).to(self.device)  # the run's model: evaluated and checkpointed by rank 0
         self.model.documents = documents
+        self.switches = pe_schedule(cfg)  # train.pe_schedule, read once (typed) for every step
         self.optimizer = build_optimizer(self.model, cfg.optim)
         self.parallel = self.model if self.world.size == 1 else wrap_model(self.model, strategy, self.device)
         self.shards = self.world.size > 1 and STRATEGIES[strategy].shards  # trains a sharded copy of self.model
@@ -292,12 +293,12 @@ class _Run:
 
     def follow_schedule(self) -> None:
         """Give the model the encoding train.pe_schedule puts in force at the current step (a DroPE switch)."""
-        if self.cfg.train.pe_schedule:
-            switch_encoding(self.model, pe_at(self.cfg, self.step))
+        if self.switches:
+            switch_encoding(self.model, pe_at(self.cfg, self.step, self.switches))
 
     def train_step(self) -> float:
         cfg = self.cfg
-        lr = lr_override(cfg, self.step) or lr_at(self.step, cfg.optim, cfg.train.steps)
+        lr = lr_override(cfg, self.step, self.switches) or lr_at(self.step, cfg.optim, cfg.train.steps)
         for group in self.train_optimizer.param_groups:
             group["lr"] = lr
         total = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -419,7 +420,7 @@ def _train(run: _Run) -> TrainResult:
     attention = run.model.attention_paths(run.device.type, _evaluated_lengths(cfg))
     if run.world.main:
         schedule = [{"step": s.step, "pe_label": encoding_identity(s.pe)["pe_label"], "lr": s.lr}
-                    for s in pe_schedule(cfg)]
+                    for s in run.switches]
         claim_run_dir(run.run_dir, run.chash, cfg.name, machine_info(run.device),
                       {"attention": attention, **({"documents": run.documents} if run.documents else {}),
                        **({"pe_schedule": schedule} if schedule else {})})
