@@ -188,7 +188,7 @@ def _paths(res: dict[str, Any]) -> str:
     for kind in sorted(POSITION_ENCODINGS):
         module = encoding_class(pe_config_class(kind)(kind=kind), shape)
         scores = module.scores_kind()
-        cells = [choose_path("auto", scores, device, training, n, n, True, fused=not module.widens)
+        cells = [choose_path("auto", scores, device, training, n, n, True, fused=module.fuses())
                  for device, training, n in (("cpu", True, 256), ("cpu", True, 8192), ("cuda", True, 8192),
                                              ("cuda", False, 32768))]
         lines.append(f"| `{kind}` | {scores} | " + " | ".join(cells) + " |")

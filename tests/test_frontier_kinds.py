@@ -401,20 +401,9 @@ def test_path_with_no_reflection_is_nope_and_with_full_reflections_flips_the_key
 @pytest.mark.parametrize("kind", ["fox", "stickbreaking", "grape_m", "grape_a", "dape", "path"])
 def test_each_trains_dumps_the_attention_it_used_and_resumes_exactly(tiny_cfg, kind):
     import numpy as np
-    import pyarrow.parquet as pq
 
-    from tests.test_train import FAST, Interrupt, StopAt
-    from trainer.run.loop import train
+    from tests.test_train import trains_dumps_and_resumes
 
-    overrides = [f"model.pe.kind={kind}", "train.steps=12", "train.ckpt_every=6", "dump.enabled=true", *FAST]
-    whole = train(tiny_cfg(*overrides, out="whole"))
-    assert whole.losses[-1] < whole.losses[0]
-    maps = pq.read_table(whole.artifacts["attention"]).column("attn").combine_chunks().to_numpy_ndarray()
-    np.testing.assert_allclose(maps.astype(np.float64).sum(-1), 1.0, atol=2e-2)  # rows are distributions (fp16)
-    assert np.all(np.triu(maps, 1) == 0)
+    maps = trains_dumps_and_resumes(tiny_cfg, f"model.pe.kind={kind}")
     if kind == "stickbreaking":  # its first token keeps the whole stick, on its own value
         assert np.all(maps[:, 0, 0] == 1)
-    with pytest.raises(Interrupt):
-        train(tiny_cfg(*overrides, out="cut"), StopAt(6))
-    resumed = train(tiny_cfg(*overrides, out="cut"))
-    assert resumed.resumed_from == 6 and resumed.losses == whole.losses

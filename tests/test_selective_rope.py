@@ -180,19 +180,6 @@ def test_a_hidden_state_it_cannot_cut_into_head_chunks_is_refused():
 
 
 def test_it_trains_dumps_the_attention_it_used_and_resumes_exactly(tiny_cfg):
-    import numpy as np
-    import pyarrow.parquet as pq
+    from tests.test_train import trains_dumps_and_resumes
 
-    from tests.test_train import FAST, Interrupt, StopAt
-    from trainer.run.loop import train
-
-    overrides = ["model.pe.kind=selective_rope", "train.steps=12", "train.ckpt_every=6", "dump.enabled=true", *FAST]
-    whole = train(tiny_cfg(*overrides, out="whole"))
-    assert whole.losses[-1] < whole.losses[0]
-    maps = pq.read_table(whole.artifacts["attention"]).column("attn").combine_chunks().to_numpy_ndarray()
-    np.testing.assert_allclose(maps.astype(np.float64).sum(-1), 1.0, atol=2e-2)  # rows are distributions (fp16)
-    assert np.all(np.triu(maps, 1) == 0)
-    with pytest.raises(Interrupt):
-        train(tiny_cfg(*overrides, out="cut"), StopAt(6))
-    resumed = train(tiny_cfg(*overrides, out="cut"))
-    assert resumed.resumed_from == 6 and resumed.losses == whole.losses
+    trains_dumps_and_resumes(tiny_cfg, "model.pe.kind=selective_rope")

@@ -29,7 +29,8 @@ def test_every_docs_block_agrees_with_its_shipped_files():
 
 STUDIES = sorted(p.name for p in RESULTS_DIR.glob("*") if p.is_dir() and not (p / BENCH_FILE).is_file())
 BENCHES = sorted(p.name for p in RESULTS_DIR.glob("*") if (p / BENCH_FILE).is_file())
-LATER_BENCHES = ("bench_length_rope_pp", "bench_length_selective_rope")  # kinds added after the shipped bench
+# kinds added after the shipped bench
+LATER_BENCHES = ("bench_length_rope_pp", "bench_length_selective_rope", "bench_length_tape")
 
 
 @pytest.mark.parametrize("study", STUDIES or ["(none)"])
@@ -43,12 +44,12 @@ def test_every_shipped_comparison_table_agrees_with_its_cells(study):
 def test_the_shipped_length_bench_is_whole_and_the_long_context_page_quotes_it():
     """experiments/results/bench_length_cpu (issue 45): every kind at 512..4096 tokens, read through its schema, and
     docs/long-context.md quotes its tables through blocks (which the first test ties to the file)."""
-    assert BENCHES == ["bench_length_cpu", "bench_length_rope_pp", "bench_length_selective_rope"]
+    assert BENCHES == ["bench_length_cpu", *LATER_BENCHES]
     res = load_length_bench(RESULTS_DIR / "bench_length_cpu")
     # 8192 did not finish on the 2-core, 24 GB machine (docs/long-context.md says why)
     assert res["lengths"] == [512, 1024, 2048, 4096] and res["preset"] == "compact"
-    # a kind added after it (issue 46: RoPE++, Selective RoPE) is benched beside RoPE in a bench of its own, at the
-    # same settings
+    # a kind added after it (issue 46: RoPE++, Selective RoPE, TAPE) is benched beside RoPE in a bench of its own, at
+    # the same settings
     laters = [load_length_bench(RESULTS_DIR / b) for b in LATER_BENCHES]
     for later in laters:
         assert {k: later[k] for k in ("lengths", "preset", "batch", "threads")} == \
@@ -97,6 +98,21 @@ def test_the_shipped_memory_alone_at_8192_keeps_every_kinds_memory_linear():
     assert slopes != res["slopes"]  # refit with the 8192 point
     assert "<!-- results:bench_length_cpu:memory-alone -->" in (REPO / "docs/long-context.md").read_text()
     assert "memory slope, 512 to 8192" in render("bench_length_cpu", "targets")
+
+
+def test_the_long_context_page_reads_tapes_ratios_from_its_bench():
+    """The prose above TAPE's blocks: its memory range and its step at each length are the file's ratios."""
+    import re
+
+    res = load_length_bench(RESULTS_DIR / "bench_length_tape")
+    rows = {r["length"]: r for r in res["rows"] if r["kind"] == "tape"}
+    alone = res["memory_alone"][8192]
+    memory = [r["memory_vs_rope"] for r in rows.values()] + [alone["tape"] / alone["rope"]]
+    text = (REPO / "docs/long-context.md").read_text().split("TAPE (`tape`, issue 46", 1)[1].split("<!--", 1)[0]
+    low, high = map(float, re.search(r"Its memory is ([\d.]+)× to ([\d.]+)× RoPE's", text).groups())
+    assert (low, high) == (round(min(memory), 2), round(max(memory), 2))
+    steps = re.search(r"its step ([\d.]+)×, ([\d.]+)×, ([\d.]+)× and ([\d.]+)× RoPE's", text).groups()
+    assert [float(x) for x in steps] == [round(rows[n]["step_vs_rope"], 2) for n in sorted(rows)]
 
 
 def test_a_damaged_memory_alone_file_is_refused_naming_the_field(tmp_path):

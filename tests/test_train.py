@@ -37,6 +37,25 @@ class StopAt(Reporter):
             raise Interrupt(step)
 
 
+def trains_dumps_and_resumes(tiny_cfg, *overrides: str):
+    """Train 12 steps with `overrides` and a dump, then again cut at step 6 and resumed: assert the loss fell, the
+    dumped maps are causal distributions, and the resumed loss curve equals the whole one bit for bit; the maps."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    overrides = (*overrides, "train.steps=12", "train.ckpt_every=6", "dump.enabled=true", *FAST)
+    whole = train(tiny_cfg(*overrides, out="whole"))
+    assert whole.losses[-1] < whole.losses[0]
+    maps = pq.read_table(whole.artifacts["attention"]).column("attn").combine_chunks().to_numpy_ndarray()
+    np.testing.assert_allclose(maps.astype(np.float64).sum(-1), 1.0, atol=2e-2)  # rows are distributions (fp16)
+    assert np.all(np.triu(maps, 1) == 0)
+    with pytest.raises(Interrupt):
+        train(tiny_cfg(*overrides, out="cut"), StopAt(6))
+    resumed = train(tiny_cfg(*overrides, out="cut"))
+    assert resumed.resumed_from == 6 and resumed.losses == whole.losses
+    return maps
+
+
 def test_same_seed_same_loss_curve_and_metric_names(tiny_cfg):
     a = train(tiny_cfg("train.steps=20", out="a"))
     b = train(tiny_cfg("train.steps=20", out="b"))

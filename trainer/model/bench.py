@@ -2,8 +2,9 @@
 
 Each kind is built with its default config for one attention shape and timed on the same q and k
 (tables for the positions, then the transform of one layer; a kind with a bias or scores of its own times its whole
-attention on the dense path (FoX's gates read from a random input of heads × head_dim channels), to be read against
-the fused causal SDPA row beside it),
+attention on the dense path (FoX's gates read from a random input of heads × head_dim channels), and TAPE its
+attention over the values and its position features and the update of those features, to be read against the fused
+causal SDPA row beside it),
 round-robin in one process with `hdrope.bench.median_round_robin`, against RoPE and an
 elementwise floor (q*2 and k*2). The default encoding (HD-RoPE N = 4 Paley) is listed eager and compiled.
 """
@@ -73,7 +74,14 @@ def _transform(enc: PositionModule, q: torch.Tensor, k: torch.Tensor, v: torch.T
         tables = enc.tables(pos, q.dtype, q.shape[-2])
         qq, kk = enc.rotate(q, k, tables, 0)
         out = [qq, kk]
-        if not plain:  # a kind with a bias or scores of its own: its cost is its whole attention (dense), to be
+        if enc.streams:  # TAPE: its attention averages the position features beside v, which the feed-forward
+            # output then updates: its cost is that whole attention and update, read against the SDPA row
+            wide = torch.cat((v, enc.stream_values(tables, 0).expand_as(v).to(v.dtype)), dim=-1)
+            y = dense_attention(enc, AttentionCall(qq, kk, wide, rows, rows, AttentionMask(), None, 0))
+            enc.stream_attended(tables, 0, y[..., v.shape[-1]:])
+            enc.stream_feed_forward(tables, 0, x)
+            out = [y[..., :v.shape[-1]], tables.cos, tables.sin]
+        elif not plain:  # a kind with a bias or scores of its own: its cost is its whole attention (dense), to be
             call = AttentionCall(qq, kk, v, rows, rows, AttentionMask(), enc.token_state(x, 0), 0)
             out = [dense_attention(enc, call)]  # read against the SDPA row
         if backward and any(t.requires_grad for t in out):

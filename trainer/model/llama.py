@@ -72,6 +72,10 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
         pe, tables, at = pe.layer_view(tables, self.layer)  # this layer's encoding (model.pe_layers) and its index
         q, k = pe.rotate(q, k, tables, at)
+        if pe.streams:  # TAPE: the position features ride beside the values (as many heads as `rotate`'s keys)
+            v = v.repeat_interleave(k.shape[1] // v.shape[1], dim=1)
+            features = pe.stream_values(tables, at)
+            v = torch.cat((v, features.expand(b, v.shape[1], -1, -1).to(v.dtype)), dim=-1)
         state = pe.token_state(x, at)
         k_index, k_pos, segments = ctx.first, ctx.positions, ctx.segments
         if ctx.cache is not None:  # a windowed layer keeps what its next queries can see (and the state reach)
@@ -84,6 +88,9 @@ class Attention(nn.Module):
         if ctx.capture is not None:
             ctx.capture[self.layer] = call
         y = run_attention(pe, call, ctx.attention, ctx.block)
+        if pe.streams:
+            y, attended = y.split((self.head_dim, y.shape[-1] - self.head_dim), dim=-1)
+            pe.stream_attended(tables, at, attended)
         return self.wo(y.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -108,7 +115,11 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, pe: PositionEncoding, tables: object, ctx: _Context) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), pe, tables, ctx)
-        return x + self.feed_forward(self.ffn_norm(x))
+        out = self.feed_forward(self.ffn_norm(x))
+        part, part_tables, at = pe.layer_view(tables, self.attention.layer)
+        if part.streams:  # TAPE: the feed-forward output updates the position features
+            part.stream_feed_forward(part_tables, at, out)
+        return x + out
 
 
 class Llama(nn.Module):
@@ -154,7 +165,7 @@ class Llama(nn.Module):
         out = {}
         for name, length in lengths.items():
             chosen = [choose_path(a.attention, type(pe).scores_kind(), device, name == training_at, length, length,
-                                  self.documents is None and not window, block, not pe.widens)
+                                  self.documents is None and not window, block, pe.fuses())
                       for pe, window in zip(pes, a.layer_windows, strict=True)]
             paths = dict.fromkeys(chosen)
             out[name] = chosen[0] if len(paths) == 1 else ", ".join(

@@ -271,8 +271,23 @@ def stack_problems(a: ModelArgs) -> list[str]:
         return [str(err)]
     if len(groups) == 1:
         return encoding_problems(groups[0].pe, a.encoding_shape)
-    return [f"{p} (model.pe_layers: layers {', '.join(str(i) for i in g.layers)})"
+    return _whole_model_problems(groups) + [f"{p} (model.pe_layers: layers {', '.join(str(i) for i in g.layers)})"
             for g in groups for p in encoding_problems(g.pe, g.shape)]
+
+
+def _whole_model_problems(groups: list[StackGroup]) -> list[str]:
+    """A kind that must take every layer (`EncodingKind.whole_model`) in a stack of several encodings."""
+    from trainer.model.position import POSITION_ENCODINGS
+
+    found = []
+    for g in groups:
+        why = getattr(POSITION_ENCODINGS.get(getattr(g.pe, "kind", None)), "whole_model", "")
+        if why:
+            others = sorted({o.pe.kind for o in groups if o is not g})
+            found.append(f"model.pe_layers: layers {', '.join(str(i) for i in g.layers)} take {g.pe.kind}, which "
+                         f"cannot share a model with {', '.join(others)}: {why}; give every layer {g.pe.kind}, or "
+                         f"none")
+    return found
 
 
 def build_stack(a: ModelArgs) -> PositionModule:

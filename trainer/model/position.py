@@ -79,7 +79,7 @@ def register_kind(kind: EncodingKind) -> EncodingKind:
 # and its name here.
 KIND_MODULES = ("rope", "hdrope", "nope", "partial_rope", "p_rope", "xpos", "alibi", "fope", "rpe3d", "learned_basis",
                 "fire", "kerple", "t5_bias", "cope", "liere", "comrope", "string", "rope_mixed", "pope", "hope", "fox",
-                "stickbreaking", "grape_m", "grape_a", "dape", "path", "rope_pp", "selective_rope")
+                "stickbreaking", "grape_m", "grape_a", "dape", "path", "rope_pp", "selective_rope", "tape")
 
 for _name in KIND_MODULES:
     register_kind(importlib.import_module(f"trainer.model.encodings.{_name}").KIND)

@@ -49,6 +49,9 @@ class PositionModule(nn.Module):
     carries = False  # True: a tile's scores need the carry of the tiles before it (CoPE, stick-breaking, PaTH)
     state_reach = 0  # earlier tokens a token's state reads (PaTH's convolution): a windowed KV cache keeps them
     widens = False  # True: q and k leave `rotate` wider than v (PoPE), which fused SDPA's flash kernel does not take
+    # True: position features flow from layer to layer (TAPE): the attention averages `stream_values` beside the
+    # values, so v is wider than q, and the layer's feed-forward output updates them
+    streams = False
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype, length: int | None = None) -> Any:
         """Whatever `rotate` needs for these positions ((seq,) or (batch, seq)), computed once per forward.
@@ -74,6 +77,18 @@ class PositionModule(nn.Module):
         per token that the KV cache keeps beside its key (FoX's log forget gates, PaTH's Householder directions), or
         None (a kind of positions alone)."""
         return None
+
+    def stream_values(self, tables: Any, layer: int) -> torch.Tensor | None:
+        """A streaming kind's features (batch or 1, heads or 1, seq, w) that the attention at `layer` averages with
+        its weights beside the values; None for the other kinds."""
+        return None
+
+    def stream_attended(self, tables: Any, layer: int, attended: torch.Tensor) -> None:
+        """Take the attention's average of `stream_values` (batch, heads, seq, w) at `layer` into the stream held
+        in `tables`."""
+
+    def stream_feed_forward(self, tables: Any, layer: int, out: torch.Tensor) -> None:
+        """Take the feed-forward output (batch, seq, dim) of `layer` into the stream held in `tables`."""
 
     def softmax_scale(self, width: int) -> float:
         """The factor on q'·k' before the softmax, for transformed q/k of `width` channels: 1/√width (SDPA's
@@ -113,6 +128,12 @@ class PositionModule(nn.Module):
         """FlexAttention's score_mod for this call (score, b, h, q_idx, kv_idx) -> score, the same logits as
         `tile_scores`; None for a kind of q·k alone."""
         return None
+
+    @classmethod
+    def fuses(cls) -> bool:
+        """Whether q, k and v reach the attention equally wide, as fused SDPA's flash kernel takes them: not when the
+        kind widens q and k (PoPE) or carries its stream beside v (TAPE)."""
+        return not (cls.widens or cls.streams)
 
     @classmethod
     def scores_kind(cls) -> str:

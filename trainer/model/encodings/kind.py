@@ -81,6 +81,7 @@ class EncodingKind:
     # (query heads projected, KV heads projected, attention heads) of a layer from model.n_heads and n_kv_heads;
     # None: as configured, one attention head per query head (RoPE++ doubles them, or halves the projections)
     heads: Callable[[Any, int, int], tuple[int, int, int]] | None = None
+    whole_model: str = ""  # why the kind must take every layer of its model (TAPE's stream); "": it can share one
 
     def invariant(self, pe: Any) -> bool:
         """Whether a config of this kind is translation-invariant: its logits depend only on m - n."""
