@@ -75,6 +75,7 @@ def official_logits(model: Llama, tokens: torch.Tensor, shift: int = 0) -> torch
         q, k, v = ((h @ w.T).view(b, s, heads, d).transpose(1, 2) for w in (att.wq.weight, wk, wv))
         q = q * states[0] + _rotate_half(q) * states[1]
         k = k * states[0] + _rotate_half(k) * states[1]
+        # the official softmax upcasts to float32 (a float32 model's dtype); a float64 check keeps float64 here
         weights = torch.softmax(q @ k.transpose(2, 3) / math.sqrt(d) + mask, dim=-1)
         pos_output = (weights @ states[0], weights @ states[1])
         x = x + (weights @ v).transpose(1, 2).reshape(b, s, heads * d) @ att.wo.weight.T
@@ -175,6 +176,9 @@ def test_a_hybrid_stack_or_a_schedule_with_tape_is_refused_naming_the_layers_and
                for p in problems), problems
     with pytest.raises(UserError, match="cannot share a model"):
         Llama(a)
+    other = _args(pe_layers=[{"layers": "every 3rd", "pe": {"kind": "tape", "position_size": 4}}])
+    assert any("layers 2 take tape with other settings than the rest" in p and "the same tape settings" in p
+               for p in stack_problems(other)), stack_problems(other)
     with pytest.raises(UserError, match=r"model.pe \(kind tape\) holds 6536 trained values, which cannot carry over"):
         tiny_cfg("model.pe.kind=tape", "train.steps=12", "train.pe_schedule=[{step: 6, pe: {kind: nope}}]")
 

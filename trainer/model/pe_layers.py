@@ -283,10 +283,12 @@ def _whole_model_problems(groups: list[StackGroup]) -> list[str]:
     for g in groups:
         why = getattr(POSITION_ENCODINGS.get(getattr(g.pe, "kind", None)), "whole_model", "")
         if why:
-            others = sorted({o.pe.kind for o in groups if o is not g})
-            found.append(f"model.pe_layers: layers {', '.join(str(i) for i in g.layers)} take {g.pe.kind}, which "
-                         f"cannot share a model with {', '.join(others)}: {why}; give every layer {g.pe.kind}, or "
-                         f"none")
+            others = sorted({o.pe.kind for o in groups if o is not g} - {g.pe.kind})
+            layers = ", ".join(str(i) for i in g.layers)
+            found.append(f"model.pe_layers: layers {layers} take {g.pe.kind}, which cannot share a model with "
+                         f"{', '.join(others)}: {why}; give every layer {g.pe.kind}, or none" if others else
+                         f"model.pe_layers: layers {layers} take {g.pe.kind} with other settings than the rest: "
+                         f"{why}; give every layer the same {g.pe.kind} settings")
     return found
 
 
