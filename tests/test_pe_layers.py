@@ -306,3 +306,13 @@ def test_the_docs_read_the_hybrid_studys_seed_counts_from_its_file():
     assert f"loss at 8x is below RoPE's in all {seeds} seeds" in flat and f"above RoPE's in all {seeds} seeds" in flat
     assert f"spreads from {copy[swa].min():.2f} to {copy[swa].max():.1f} over seeds" in flat
     assert f"above the RoPE hybrid's in {int((x8[paley] > x8[nope]).sum())} of {seeds} seeds" in flat
+    import pandas as pd
+
+    declared = pd.read_csv(repo / "experiments" / "results" / "hybrid_compact" / "comparisons.csv")
+    declared = declared[declared["metric"] == "efflen_loss"].set_index(["variant", "reference"])
+    row = {arm: declared.loc[(arm, ref)] for arm, ref in ((swa, rope), (nope, rope), (paley, nope))}
+    assert f"+{row[swa].delta:.1f} train lengths on the paired loss effective length (p_Holm {row[swa].p_adj:.3f}, " \
+           "marked)" in flat and row[swa].significant
+    assert f"(+{row[nope].delta:.2f} train lengths, p_Holm {row[nope].p_adj:.2f})" in flat
+    assert f"({row[paley].delta:.2f}, p_Holm {row[paley].p_adj:.2f})".replace("-", "−") in flat
+    assert not (row[nope].significant or row[paley].significant)
