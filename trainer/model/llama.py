@@ -116,9 +116,8 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, pe: PositionEncoding, tables: object, ctx: _Context) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), pe, tables, ctx)
         out = self.feed_forward(self.ffn_norm(x))
-        part, part_tables, at = pe.layer_view(tables, self.attention.layer)
-        if part.streams:  # TAPE: the feed-forward output updates the position features
-            part.stream_feed_forward(part_tables, at, out)
+        if pe.streams:  # TAPE (never in a hybrid stack): the feed-forward output updates the position features
+            pe.stream_feed_forward(tables, self.attention.layer, out)
         return x + out
 
 
